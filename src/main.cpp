@@ -1,0 +1,3 @@
+// mop — command-line entry point.
+#include <cstdio>
+int main() { std::puts("mop"); return 0; }

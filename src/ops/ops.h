@@ -1,0 +1,164 @@
+// The op interface: every computation of the model's step, forward and backward. The CPU reference
+// (cpu_ops.cpp, plain loops, float and double) and the CUDA backend (kernels/) implement it; model
+// code is written once against it.
+//
+// Conventions
+//   Shapes: T tokens of a micro-batch (B sequences × S positions, row t = b·S + s), H hidden,
+//   Nq / Nkv query / key-value heads, D head dim, E experts, K top-k, F FFN width, V vocabulary,
+//   R rows of an expert-ordered buffer. All tensors are contiguous row-major views.
+//   Dtypes: "compute" tensors (activations, weights and their gradients) share one dtype per run:
+//   F32 or F64 on the CPU, BF16 on the GPU. "acc" tensors (norm statistics, router logits and
+//   probabilities, losses) are acc_dtype(compute): F64 in fp64 runs, F32 otherwise. Indices are I32.
+//   Outputs come first, then inputs, then sizes/scalars. Unless a flag says "accumulate", outputs
+//   are overwritten; weight gradients (dw, dtable) are always accumulated (+=), so micro-batches
+//   add up without extra copies.
+#pragma once
+
+#include <memory>
+
+#include "core/tensor.h"
+
+namespace mop {
+
+struct AdamWArgs {
+  float lr = 0;
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0;
+  float grad_scale = 1;    // gradients are multiplied by this first (clipping)
+  float bias_correction1 = 1;  // 1 - beta1^step
+  float bias_correction2 = 1;  // 1 - beta2^step
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual Device device() const = 0;
+  virtual void synchronize() {}
+
+  // ---- elementwise and memory ---------------------------------------------------------------
+  virtual void fill(Tensor x, double value) = 0;
+  // dst = src elementwise with dtype conversion (bf16 rounding is nearest-even); same numel.
+  virtual void copy(Tensor dst, const Tensor& src) = 0;
+  // out = a + b (out may alias a or b); same shapes and dtypes.
+  virtual void add(Tensor out, const Tensor& a, const Tensor& b) = 0;
+  // out[0] = Σ x² over all elements (acc dtype scalar; x any float dtype).
+  virtual void sumsq(Tensor out, const Tensor& x) = 0;
+  // out[0] = Σ x (acc dtype scalar).
+  virtual void sum(Tensor out, const Tensor& x) = 0;
+
+  // ---- dense GEMM ----------------------------------------------------------------------------
+  // c[M,N] = alpha · op(a) · op(b) + beta · c, op(x) = xᵀ when trans. a is [M,K] (or [K,M] when
+  // trans_a), b is [K,N] (or [N,K] when trans_b). a and b share the compute dtype; c is compute or
+  // acc dtype (router logits are produced in fp32). Accumulates in acc precision.
+  virtual void gemm(Tensor c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                    float alpha, float beta) = 0;
+
+  // ---- grouped GEMM over experts ---------------------------------------------------------------
+  // Rows of x/y are grouped by expert: rows [offsets[e], offsets[e+1]) belong to expert e.
+  // offsets is I32 [E+1] in host memory (offsets[0] = 0, offsets[E] = R ≤ rows of x and y);
+  // rows past R are not touched. w is [E,N,K].
+  virtual void grouped_gemm_fwd(Tensor y /*[R,N]*/, const Tensor& x /*[R,K]*/, const Tensor& w,
+                                const Tensor& offsets) = 0;
+  // dx = dy · w_e
+  virtual void grouped_gemm_bwd_data(Tensor dx /*[R,K]*/, const Tensor& dy /*[R,N]*/,
+                                     const Tensor& w, const Tensor& offsets) = 0;
+  // dw_e += dy_eᵀ · x_e
+  virtual void grouped_gemm_bwd_weight(Tensor dw /*[E,N,K]*/, const Tensor& dy /*[R,N]*/,
+                                       const Tensor& x /*[R,K]*/, const Tensor& offsets) = 0;
+
+  // ---- embedding -----------------------------------------------------------------------------
+  // out[t] = table[ids[t]]; ids I32 [T], table [V,H], out [T,H].
+  virtual void embedding_fwd(Tensor out, const Tensor& ids, const Tensor& table) = 0;
+  // dtable[ids[t]] += dout[t].
+  virtual void embedding_bwd(Tensor dtable, const Tensor& ids, const Tensor& dout) = 0;
+
+  // ---- RMSNorm over the last dim -------------------------------------------------------------
+  // y = x · rstd · w, rstd = 1/sqrt(mean(x²) + eps). x,y [N,C]; w [C]; rstd acc [N].
+  // Per-head q/k norm is the same op with N = T·heads, C = D.
+  virtual void rmsnorm_fwd(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) = 0;
+  // dx (+)= ∂/∂x, dw += ∂/∂w.
+  virtual void rmsnorm_bwd(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x,
+                           const Tensor& w, const Tensor& rstd, bool accumulate_dx) = 0;
+
+  // ---- rotary position embedding (in place), x [T,heads,D], pos I32 [T] ----------------------
+  // Pairs (i, i + D/2) rotated by pos·theta^(-2i/D) ("rotate half" layout of Llama/Qwen).
+  // Angles are formed in fp32 as Hugging Face does: inv_freq = 1/theta^(2i/D) in fp32, then
+  // angle = float(pos) · inv_freq in fp32; cos/sin of that fp32 angle.
+  virtual void rope_fwd(Tensor x, const Tensor& pos, float theta) = 0;
+  virtual void rope_bwd(Tensor dx, const Tensor& pos, float theta) = 0;  // inverse rotation
+
+  // ---- causal GQA attention over `batch` sequences --------------------------------------------
+  // q [T,Nq,D], k/v [T,Nkv,D], out [T,Nq,D], lse acc [batch,Nq,S] (log-sum-exp of the scaled
+  // scores, natural log). Query head h uses kv head h / (Nq/Nkv). Causal within each sequence.
+  virtual void attention_fwd(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
+                             const Tensor& v, int batch, float scale) = 0;
+  virtual void attention_bwd(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
+                             const Tensor& k, const Tensor& v, const Tensor& out,
+                             const Tensor& lse, int batch, float scale) = 0;
+
+  // ---- SwiGLU: h = silu(g) · u with gu = [g | u] ----------------------------------------------
+  virtual void swiglu_fwd(Tensor h /*[M,F]*/, const Tensor& gu /*[M,2F]*/) = 0;
+  virtual void swiglu_bwd(Tensor dgu /*[M,2F]*/, const Tensor& dh /*[M,F]*/, const Tensor& gu) = 0;
+
+  // ---- router --------------------------------------------------------------------------------
+  // probs = softmax(logits) (acc, [T,E]); lse[t] = logsumexp(logits[t]); topk_idx/topk_w [T,K]
+  // are the K largest probabilities in descending order (ties: lower expert index first);
+  // weights are renormalised to sum 1 when `renormalize`.
+  virtual void router_fwd(Tensor topk_idx, Tensor topk_w, Tensor probs, Tensor lse,
+                          const Tensor& logits, bool renormalize) = 0;
+  // dlogits[T,E] (acc) from: dtopk_w [T,K] (through top-k and renormalisation), a per-expert
+  // gradient on the probabilities shared by every token (aux_grad [E], from the load-balancing
+  // loss), and z_grad_scale · ∂(Σ_t lse_t²)/∂logits (router z-loss).
+  virtual void router_bwd(Tensor dlogits, const Tensor& dtopk_w, const Tensor& probs,
+                          const Tensor& lse, const Tensor& topk_idx, const Tensor& topk_w,
+                          const Tensor& aux_grad, float z_grad_scale, bool renormalize) = 0;
+  // Load-balancing loss of one MoE layer over its T tokens (Switch/Qwen form):
+  //   aux = E/(T·K) · Σ_e counts[e] · (1/T)·Σ_t probs[t,e],    z = (1/T)·Σ_t lse[t]²
+  // losses[0] += aux_coef·aux, losses[1] += z_coef·z (acc [2]);
+  // aux_grad[e] = aux_coef · E · counts[e] / (T²·K) = ∂(aux_coef·aux)/∂probs[t,e].
+  // counts is I32 [E] on this op's device.
+  virtual void moe_aux_loss(Tensor losses, Tensor aux_grad, const Tensor& probs, const Tensor& lse,
+                            const Tensor& counts, int top_k, float aux_coef, float z_coef) = 0;
+
+  // ---- token permutation into expert-contiguous order -----------------------------------------
+  // From topk_idx [T,K]: counts [E], offsets [E+1] (exclusive prefix sum), perm_src [T·K] (row r
+  // of the expert-ordered buffer holds token perm_src[r]) and slot_of [T·K] (assignment t·K+k sits
+  // at row slot_of[t·K+k]). Within an expert rows are ordered by (t, k): deterministic.
+  virtual void moe_route_plan(Tensor counts, Tensor offsets, Tensor perm_src, Tensor slot_of,
+                              const Tensor& topk_idx) = 0;
+  // xp[r] = x[perm_src[r]]; x [T,H], xp [T·K,H].
+  virtual void moe_permute_fwd(Tensor xp, const Tensor& x, const Tensor& perm_src) = 0;
+  // dx[t] (+)= Σ_k dxp[slot_of[t·K+k]].
+  virtual void moe_permute_bwd(Tensor dx, const Tensor& dxp, const Tensor& slot_of, int top_k,
+                               bool accumulate) = 0;
+  // y[t] (+)= Σ_k topk_w[t,k] · yp[slot_of[t·K+k]]; yp [T·K,H], y [T,H].
+  virtual void moe_unpermute_fwd(Tensor y, const Tensor& yp, const Tensor& slot_of,
+                                 const Tensor& topk_w, bool accumulate) = 0;
+  // dyp[slot_of[t·K+k]] = topk_w[t,k]·dy[t];  dtopk_w[t,k] = ⟨dy[t], yp[slot_of[t·K+k]]⟩.
+  virtual void moe_unpermute_bwd(Tensor dyp, Tensor dtopk_w, const Tensor& dy, const Tensor& yp,
+                                 const Tensor& slot_of, const Tensor& topk_w) = 0;
+
+  // ---- fused LM head + cross-entropy, chunked over tokens --------------------------------------
+  // For each token: logits = x[t] · wᵀ (w [V,H]); lse[t] = logsumexp(logits);
+  // loss[t] = lse[t] − logits[targets[t]], or 0 where targets[t] < 0 (masked). The full [T,V]
+  // logits never exist: `workspace` (acc [C,V]) holds one chunk of C tokens at a time.
+  virtual void lmhead_ce_fwd(Tensor loss /*acc [T]*/, Tensor lse /*acc [T]*/, const Tensor& x,
+                             const Tensor& w, const Tensor& targets, Tensor workspace) = 0;
+  // Gradient of grad_scale · Σ_t loss[t]: dx [T,H] (overwritten), dw [V,H] (+=). Recomputes each
+  // chunk's logits from x and w and the saved lse.
+  virtual void lmhead_ce_bwd(Tensor dx, Tensor dw, const Tensor& x, const Tensor& w,
+                             const Tensor& targets, const Tensor& lse, float grad_scale,
+                             Tensor workspace) = 0;
+
+  // ---- optimizer -----------------------------------------------------------------------------
+  // AdamW (decoupled weight decay, torch.optim.AdamW's form) on fp32 param/m/v; grad any float.
+  //   g = grad·grad_scale; m = β1·m + (1−β1)·g; v = β2·v + (1−β2)·g²
+  //   param = param·(1 − lr·wd) − (lr/bc1) · m / (sqrt(v)/sqrt(bc2) + eps)
+  virtual void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad,
+                          const AdamWArgs& args) = 0;
+};
+
+// The CPU reference backend (always available).
+std::unique_ptr<Ops> make_cpu_ops();
+
+}  // namespace mop

@@ -1,0 +1,7 @@
+// Catch2 v2 (Debian 12) and v3 (Ubuntu 24.04) behind one include.
+#pragma once
+#ifdef MOP_CATCH3
+#include <catch2/catch_all.hpp>
+#else
+#include <catch2/catch.hpp>
+#endif

@@ -1,0 +1,97 @@
+// Shared test helpers: owning host tensors, deterministic fills, comparisons with named tolerances.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "parallel/launch.h"
+
+#ifdef MOP_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace mop::test {
+
+inline bool launched_by_mpi() { return mop::launched_by_mpi(); }
+
+inline bool gpu_available() {
+#ifdef MOP_HAVE_CUDA
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+  return false;
+#endif
+}
+
+// A host tensor that owns its storage (8-byte aligned; enough for every dtype).
+struct HostTensor {
+  std::vector<uint64_t> storage;
+  Tensor t;
+  HostTensor() = default;
+  HostTensor(DType dtype, std::initializer_list<int64_t> dims) {
+    t = Tensor(nullptr, dtype, dims);
+    storage.assign((t.bytes() + 7) / 8 + 1, 0);
+    t.data = storage.data();
+  }
+  HostTensor(const HostTensor& o) : storage(o.storage), t(o.t) { t.data = storage.data(); }
+  HostTensor& operator=(const HostTensor& o) {
+    storage = o.storage;
+    t = o.t;
+    t.data = storage.data();
+    return *this;
+  }
+  operator Tensor() const { return t; }
+  template <class T>
+  T* ptr() const { return t.ptr<T>(); }
+  int64_t numel() const { return t.numel(); }
+  // Element i as double, whatever the float dtype.
+  double get(int64_t i) const {
+    switch (t.dtype) {
+      case DType::F32: return t.ptr<float>()[i];
+      case DType::F64: return t.ptr<double>()[i];
+      case DType::BF16: return bf16_to_float(t.ptr<bf16>()[i]);
+      case DType::I32: return t.ptr<int32_t>()[i];
+      default: return 0;
+    }
+  }
+  void set(int64_t i, double v) {
+    switch (t.dtype) {
+      case DType::F32: t.ptr<float>()[i] = float(v); break;
+      case DType::F64: t.ptr<double>()[i] = v; break;
+      case DType::BF16: t.ptr<bf16>()[i] = float_to_bf16(float(v)); break;
+      case DType::I32: t.ptr<int32_t>()[i] = int32_t(v); break;
+      default: break;
+    }
+  }
+};
+
+// Uniform values in [lo, hi), rounded through bf16 so they are exact in every float dtype.
+inline void fill_uniform(HostTensor& x, uint64_t seed, double lo = -1, double hi = 1) {
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    double u = double(philox_u64(seed, 7, uint64_t(i)) >> 11) / 9007199254740992.0;
+    x.set(i, round_bf16(float(lo + (hi - lo) * u)));
+  }
+}
+
+inline double max_abs_diff(const HostTensor& a, const HostTensor& b) {
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::fabs(a.get(i) - b.get(i)));
+  return m;
+}
+
+// Normalised mean squared error Σ(a−b)² / Σb² (ggml's test metric).
+inline double nmse(const HostTensor& a, const HostTensor& ref) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double d = a.get(i) - ref.get(i);
+    num += d * d;
+    den += ref.get(i) * ref.get(i);
+  }
+  return den == 0 ? num : num / den;
+}
+
+}  // namespace mop::test
