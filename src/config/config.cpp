@@ -1,0 +1,381 @@
+// Loading, overriding, validating and dumping the configuration. Every error is one UserError
+// line that names the file position (when known), the YAML path and the offending value.
+#include "config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "config/schema.h"
+#include "core/error.h"
+
+namespace mop {
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string last_segment(const std::string& path) {
+  auto dot = path.rfind('.');
+  return dot == std::string::npos ? path : path.substr(dot + 1);
+}
+
+// " (did you mean moe.top_k?)" or "" when nothing is close.
+std::string did_you_mean(const std::string& path, const std::vector<std::string>& known) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const auto& k : known) {
+    size_t d = std::min(edit_distance(path, k), edit_distance(last_segment(path), last_segment(k)) + 1);
+    if (d < best_d) best_d = d, best = k;
+  }
+  size_t limit = std::max<size_t>(2, last_segment(path).size() / 3);
+  return best_d <= limit ? " (did you mean " + best + "?)" : "";
+}
+
+std::string shortest_double(double v) {
+  char buf[40];
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  // Keep it a float in YAML's eyes ("1" → "1.0"), so the dump reads back with the same type.
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+class Loader {
+ public:
+  Loader(Config& cfg, std::string origin) : origin_(std::move(origin)), fields_(config_schema(cfg)) {
+    for (auto& f : fields_) {
+      known_.push_back(f.path);
+      for (size_t dot = f.path.find('.'); dot != std::string::npos; dot = f.path.find('.', dot + 1))
+        prefixes_.insert(f.path.substr(0, dot));
+    }
+  }
+
+  void load_tree(const YAML::Node& root) {
+    if (!root || root.IsNull()) return;
+    if (!root.IsMap()) fail(root, "", "the top level must be a mapping of sections (model:, moe:, ...)");
+    walk(root, "");
+  }
+
+  void apply_override(const std::string& assignment) {
+    auto eq = assignment.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw_user_error("--set ", assignment, ": expected section.key=value");
+    std::string path = assignment.substr(0, eq), value = assignment.substr(eq + 1);
+    FieldSpec* f = find(path);
+    if (!f) throw_user_error("--set ", path, ": unknown key", did_you_mean(path, known_));
+    YAML::Node node;
+    try {
+      node = YAML::Load(value);
+    } catch (const YAML::Exception&) {
+      node = YAML::Node(value);  // a plain string that is not valid YAML on its own
+    }
+    if (!node || node.IsNull()) node = YAML::Node(std::string());
+    set_field(*f, node, "--set " + path);
+  }
+
+ private:
+  FieldSpec* find(const std::string& path) {
+    for (auto& f : fields_)
+      if (f.path == path) return &f;
+    return nullptr;
+  }
+
+  [[noreturn]] void fail(const YAML::Node& node, const std::string& path, const std::string& msg) {
+    std::string where = origin_;
+    if (node.Mark().line >= 0) where += ":" + std::to_string(node.Mark().line + 1);
+    throw_user_error(where, ": ", path.empty() ? "" : path + ": ", msg);
+  }
+
+  void walk(const YAML::Node& map, const std::string& prefix) {
+    for (const auto& kv : map) {
+      std::string key = kv.first.Scalar();
+      std::string path = prefix.empty() ? key : prefix + "." + key;
+      if (FieldSpec* f = find(path)) {
+        set_field(*f, kv.second, located(kv.second, path));
+      } else if (prefixes_.count(path)) {
+        if (kv.second.IsNull()) continue;  // an empty section keeps its defaults
+        if (!kv.second.IsMap()) fail(kv.second, path, "expected a mapping of keys");
+        walk(kv.second, path);
+      } else {
+        std::vector<std::string> candidates = known_;
+        candidates.insert(candidates.end(), prefixes_.begin(), prefixes_.end());
+        fail(kv.first, "", "unknown key " + path + did_you_mean(path, candidates));
+      }
+    }
+  }
+
+  std::string located(const YAML::Node& node, const std::string& path) {
+    std::string where = origin_;
+    if (node.Mark().line >= 0) where += ":" + std::to_string(node.Mark().line + 1);
+    return where + ": " + path;
+  }
+
+  static bool parse_int(const std::string& s, int64_t& out) {
+    auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+    return r.ec == std::errc() && r.ptr == s.data() + s.size();
+  }
+  static bool parse_float(const std::string& s, double& out) {
+    if (s.empty()) return false;
+    errno = 0;
+    char* end = nullptr;
+    out = std::strtod(s.c_str(), &end);
+    return end == s.c_str() + s.size() && std::isfinite(out) &&
+           s.find_first_of("xXpP") == std::string::npos;
+  }
+
+  void set_field(FieldSpec& f, const YAML::Node& node, const std::string& where) {
+    auto bad = [&](const std::string& msg) { throw_user_error(where, ": ", msg); };
+    auto scalar = [&]() -> std::string {
+      if (!node.IsScalar()) bad(std::string("expected a single ") + kind_name(f.kind) + " value");
+      return node.Scalar();
+    };
+    switch (f.kind) {
+      case FieldSpec::Kind::Int: {
+        std::string s = scalar();
+        int64_t v;
+        double d;
+        if (!parse_int(s, v)) {
+          // Accept integral floats such as 1e6, reject 2.5 and out-of-range values.
+          if (!parse_float(s, d)) bad("expected an integer, got '" + s + "'");
+          if (d != std::floor(d)) bad("expected an integer, got " + s);
+          if (d < f.min || d > f.max) bad(s + " is out of range (" + range(f) + ")");
+          v = int64_t(d);
+        }
+        if (double(v) < f.min || double(v) > f.max) bad(s + " is out of range (" + range(f) + ")");
+        *static_cast<int64_t*>(f.ptr) = v;
+        break;
+      }
+      case FieldSpec::Kind::Float: {
+        std::string s = scalar();
+        double v;
+        if (!parse_float(s, v)) bad("expected a number, got '" + s + "'");
+        if (v < f.min || v > f.max) bad(s + " is out of range (" + range(f) + ")");
+        *static_cast<double*>(f.ptr) = v;
+        break;
+      }
+      case FieldSpec::Kind::Bool: {
+        std::string s = scalar();
+        std::string l = s;
+        std::transform(l.begin(), l.end(), l.begin(), ::tolower);
+        if (l == "true" || l == "yes" || l == "on") *static_cast<bool*>(f.ptr) = true;
+        else if (l == "false" || l == "no" || l == "off") *static_cast<bool*>(f.ptr) = false;
+        else bad("expected true or false, got '" + s + "'");
+        break;
+      }
+      case FieldSpec::Kind::String: {
+        std::string s = node.IsNull() ? std::string() : scalar();
+        if (!f.choices.empty() && !f.open_choices &&
+            std::find(f.choices.begin(), f.choices.end(), s) == f.choices.end())
+          bad("'" + s + "' is not one of " + join(f.choices) + did_you_mean(s, f.choices));
+        *static_cast<std::string*>(f.ptr) = s;
+        break;
+      }
+      case FieldSpec::Kind::StringList: {
+        auto& out = *static_cast<std::vector<std::string>*>(f.ptr);
+        out.clear();
+        if (node.IsNull()) break;
+        if (node.IsScalar()) {
+          out.push_back(node.Scalar());
+        } else if (node.IsSequence()) {
+          for (const auto& item : node) {
+            if (!item.IsScalar()) bad("expected a list of strings");
+            out.push_back(item.Scalar());
+          }
+        } else {
+          bad("expected a string or a list of strings");
+        }
+        break;
+      }
+    }
+  }
+
+  static std::string range(const FieldSpec& f) {
+    auto num = [&](double v) {
+      return f.kind == FieldSpec::Kind::Int ? std::to_string(int64_t(v)) : shortest_double(v);
+    };
+    return num(f.min) + " to " + num(f.max);
+  }
+
+  static std::string join(const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? (i + 1 == v.size() ? " or " : ", ") : "") + v[i];
+    return s;
+  }
+
+  std::string origin_;
+  std::vector<FieldSpec> fields_;
+  std::vector<std::string> known_;
+  std::set<std::string> prefixes_;
+};
+
+// Products of sizes in int64 with an overflow check (sizes are user input).
+int64_t checked_mul(int64_t a, int64_t b, const char* what) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) throw_user_error(what, " overflows a 64-bit integer");
+  return r;
+}
+
+void validate(const Config& c) {
+  const auto& m = c.model;
+  const auto& e = c.moe;
+  MOP_USER_CHECK(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads: ", m.num_kv_heads,
+                 " does not divide model.num_heads (", m.num_heads, ")");
+  if (m.head_dim == 0)
+    MOP_USER_CHECK(m.hidden_size % m.num_heads == 0, "model.hidden_size: ", m.hidden_size,
+                   " is not divisible by model.num_heads (", m.num_heads,
+                   "); set model.head_dim explicitly");
+  MOP_USER_CHECK(c.head_dim() % 2 == 0, "model.head_dim: ", c.head_dim(),
+                 " must be even (RoPE rotates pairs of dimensions)");
+  MOP_USER_CHECK(e.top_k <= e.num_experts, "moe.top_k: ", e.top_k, " exceeds moe.num_experts (",
+                 e.num_experts, ")");
+  MOP_USER_CHECK(e.first_dense_layers <= m.num_layers, "moe.first_dense_layers: ",
+                 e.first_dense_layers, " exceeds model.num_layers (", m.num_layers, ")");
+  MOP_USER_CHECK(c.optim.min_lr <= c.optim.lr, "optim.min_lr: ", c.optim.min_lr,
+                 " exceeds optim.lr (", c.optim.lr, ")");
+  MOP_USER_CHECK(c.data.eos_id < m.vocab_size, "data.eos_id: ", c.data.eos_id,
+                 " is outside the vocabulary (model.vocab_size ", m.vocab_size, ")");
+  MOP_USER_CHECK(c.train.micro_batch_size <= c.train.global_batch_size,
+                 "train.micro_batch_size: ", c.train.micro_batch_size,
+                 " exceeds train.global_batch_size (", c.train.global_batch_size, ")");
+  // Tensor sizes must fit comfortably in int64 (and token positions in int32).
+  int64_t tokens = checked_mul(c.train.micro_batch_size, c.data.seq_len,
+                               "train.micro_batch_size × data.seq_len");
+  MOP_USER_CHECK(tokens <= (int64_t(1) << 31) - 1, "train.micro_batch_size × data.seq_len = ",
+                 tokens, " tokens per micro-batch exceeds 2^31 − 1");
+  checked_mul(checked_mul(tokens, e.top_k, "tokens × moe.top_k"), std::max(m.hidden_size, e.expert_ffn * 2),
+              "routed activations (tokens × top_k × width)");
+  int64_t per_layer = checked_mul(checked_mul(e.num_experts, e.expert_ffn, "moe.num_experts × moe.expert_ffn"),
+                                  checked_mul(3, m.hidden_size, "3 × hidden_size"), "expert parameters per layer");
+  checked_mul(per_layer, m.num_layers, "expert parameters");
+  checked_mul(m.vocab_size, m.hidden_size, "model.vocab_size × model.hidden_size");
+}
+
+}  // namespace
+
+Config load_config_text(const std::string& text, const std::vector<std::string>& overrides,
+                        const std::string& origin) {
+  Config cfg;
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& ex) {
+    throw_user_error(origin, ":", ex.mark.line + 1, ": malformed YAML: ", ex.msg);
+  }
+  Loader loader(cfg, origin);
+  loader.load_tree(root);
+  for (const auto& o : overrides) loader.apply_override(o);
+  validate(cfg);
+  return cfg;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  MOP_USER_CHECK(std::filesystem::is_regular_file(path, ec), "config file ", path, " not found");
+  std::ifstream in(path);
+  MOP_USER_CHECK(in.good(), "config file ", path, " cannot be read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return load_config_text(ss.str(), overrides, path);
+}
+
+void validate_parallel(const Config& c, int world_size) {
+  const auto& a = c.parallel.attention;
+  const auto& m = c.parallel.moe;
+  MOP_USER_CHECK(a.cp * a.dp == world_size, "parallel.attention: cp (", a.cp, ") × dp (", a.dp,
+                 ") = ", a.cp * a.dp, " must equal the number of ranks (", world_size, ")");
+  MOP_USER_CHECK(m.ep * m.dp == world_size, "parallel.moe: ep (", m.ep, ") × dp (", m.dp, ") = ",
+                 m.ep * m.dp, " must equal the number of ranks (", world_size, ")");
+  MOP_USER_CHECK(c.moe.num_experts % m.ep == 0, "parallel.moe.ep: ", m.ep,
+                 " does not divide moe.num_experts (", c.moe.num_experts, ")");
+  int64_t per_step = c.train.micro_batch_size * a.dp;
+  MOP_USER_CHECK(c.train.global_batch_size % per_step == 0, "train.global_batch_size: ",
+                 c.train.global_batch_size, " is not a multiple of train.micro_batch_size (",
+                 c.train.micro_batch_size, ") × parallel.attention.dp (", a.dp, ")");
+  MOP_USER_CHECK(c.data.seq_len % a.cp == 0, "data.seq_len: ", c.data.seq_len,
+                 " is not divisible by parallel.attention.cp (", a.cp, ")");
+}
+
+std::string dump_config(const Config& cfg) {
+  Config copy = cfg;
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  std::vector<std::string> open;  // currently open nested map keys
+  for (const auto& f : config_schema(copy)) {
+    std::vector<std::string> parts;
+    std::stringstream ss(f.path);
+    for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+    std::vector<std::string> parents(parts.begin(), parts.end() - 1);
+    size_t common = 0;
+    while (common < open.size() && common < parents.size() && open[common] == parents[common]) ++common;
+    while (open.size() > common) out << YAML::EndMap, open.pop_back();
+    while (open.size() < parents.size()) {
+      out << YAML::Key << parents[open.size()] << YAML::Value << YAML::BeginMap;
+      open.push_back(parents[open.size()]);
+    }
+    out << YAML::Key << parts.back() << YAML::Value;
+    switch (f.kind) {
+      case FieldSpec::Kind::Int: out << *static_cast<int64_t*>(f.ptr); break;
+      case FieldSpec::Kind::Float: out << shortest_double(*static_cast<double*>(f.ptr)); break;
+      case FieldSpec::Kind::Bool: out << *static_cast<bool*>(f.ptr); break;
+      case FieldSpec::Kind::String: out << YAML::DoubleQuoted << *static_cast<std::string*>(f.ptr); break;
+      case FieldSpec::Kind::StringList: {
+        out << YAML::Flow << YAML::BeginSeq;
+        for (const auto& s : *static_cast<std::vector<std::string>*>(f.ptr)) out << YAML::DoubleQuoted << s;
+        out << YAML::EndSeq;
+        break;
+      }
+    }
+  }
+  while (!open.empty()) out << YAML::EndMap, open.pop_back();
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string config_reference_markdown() {
+  Config defaults;
+  std::ostringstream os;
+  os << "| key | type | default | meaning |\n|---|---|---|---|\n";
+  for (const auto& f : config_schema(defaults)) {
+    std::string def;
+    switch (f.kind) {
+      case FieldSpec::Kind::Int: def = std::to_string(*static_cast<int64_t*>(f.ptr)); break;
+      case FieldSpec::Kind::Float: def = shortest_double(*static_cast<double*>(f.ptr)); break;
+      case FieldSpec::Kind::Bool: def = *static_cast<bool*>(f.ptr) ? "true" : "false"; break;
+      case FieldSpec::Kind::String: def = "\"" + *static_cast<std::string*>(f.ptr) + "\""; break;
+      case FieldSpec::Kind::StringList: def = "[]"; break;
+    }
+    std::string type = kind_name(f.kind);
+    if (!f.choices.empty()) {
+      type.clear();
+      for (size_t i = 0; i < f.choices.size(); ++i) type += (i ? " \\| " : "") + f.choices[i];
+      if (f.open_choices) type += " \\| path";
+    }
+    os << "| `" << f.path << "` | " << type << " | `" << def << "` | " << f.doc << " |\n";
+  }
+  return os.str();
+}
+
+}  // namespace mop

@@ -1,0 +1,140 @@
+// The run configuration: one struct per YAML section with documented defaults (see
+// config_schema.cpp for the documentation of every key and its valid range), loading with
+// `--set section.key=value` overrides, validation with messages that name the YAML path, and the
+// resolved dump that is logged at start and stored in checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mop {
+
+struct ModelConfig {
+  int64_t vocab_size = 257;
+  int64_t hidden_size = 128;
+  int64_t num_layers = 4;
+  int64_t num_heads = 4;
+  int64_t num_kv_heads = 2;
+  int64_t head_dim = 0;  // 0: hidden_size / num_heads
+  double rope_theta = 1e6;
+  bool qk_norm = true;
+  double rms_eps = 1e-6;
+  bool tie_embeddings = false;
+  double init_std = 0.02;
+};
+
+struct MoeConfig {
+  int64_t num_experts = 8;
+  int64_t top_k = 2;
+  int64_t expert_ffn = 256;
+  bool renormalize = true;
+  int64_t shared_expert_ffn = 0;  // 0: no shared expert
+  int64_t first_dense_layers = 0;
+  int64_t dense_ffn = 0;  // FFN width of the dense layers; 0: expert_ffn · top_k
+  double aux_loss_coef = 1e-3;
+  double z_loss_coef = 0;
+};
+
+// The same N ranks folded two ways: attention as cp × dp, the MoE feed-forward as ep × dp.
+struct AttentionFold {
+  int64_t cp = 1;
+  int64_t dp = 1;
+};
+
+struct MoeFold {
+  int64_t ep = 1;
+  int64_t dp = 1;
+};
+
+struct ParallelConfig {
+  AttentionFold attention;
+  MoeFold moe;
+};
+
+struct OptimConfig {
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  std::string schedule = "cosine";  // cosine | wsd | constant
+  int64_t warmup_steps = 0;
+  double decay_fraction = 0.2;  // wsd: fraction of the steps spent in the final decay
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0: no clipping
+};
+
+struct DataConfig {
+  std::vector<std::string> paths;
+  std::string format = "auto";  // auto | megatron | flat
+  std::string flat_dtype = "uint16";
+  int64_t eos_id = 256;  // -1: none
+  int64_t seq_len = 256;
+  bool eod_mask_loss = false;
+  bool reset_position_ids = false;
+  double valid_fraction = 0;
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  int64_t global_batch_size = 8;  // sequences per optimizer step, all ranks together
+  int64_t micro_batch_size = 8;   // sequences per forward/backward on one rank
+  int64_t seed = 1234;
+  std::string device = "auto";     // auto | cpu | cuda
+  std::string precision = "auto";  // auto | fp32 | fp64 | bf16
+  bool recompute = false;          // keep only layer inputs, recompute the rest in backward
+  std::string on_nonfinite = "skip";  // skip | abort
+  int64_t lm_head_chunk = 1024;       // tokens per fused LM-head/loss chunk
+  int64_t eval_interval = 0;          // 0: no evaluation
+  int64_t eval_batches = 4;
+  int64_t exit_interval = 0;  // checkpoint and exit at steps that are multiples of N; 0: never
+};
+
+struct CheckpointConfig {
+  std::string dir = "checkpoints/run";
+  int64_t interval = 0;  // 0: only at the end
+  int64_t keep_last = 3;
+  std::string resume = "none";  // none | auto | PATH
+  bool save_final = true;
+};
+
+struct LogConfig {
+  int64_t interval = 10;
+  std::string metrics_file;  // empty: <checkpoint.dir>/metrics.jsonl
+  std::string level = "info";
+  bool all_ranks = false;
+};
+
+struct Config {
+  ModelConfig model;
+  MoeConfig moe;
+  ParallelConfig parallel;
+  OptimConfig optim;
+  DataConfig data;
+  TrainConfig train;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+
+  // Derived values (valid after validate()).
+  int64_t head_dim() const { return model.head_dim ? model.head_dim : model.hidden_size / model.num_heads; }
+  int64_t dense_ffn() const { return moe.dense_ffn ? moe.dense_ffn : moe.expert_ffn * moe.top_k; }
+  bool layer_is_moe(int64_t layer) const { return layer >= moe.first_dense_layers; }
+};
+
+// Parse a YAML file, apply `key=value` overrides (dotted paths; values parsed as YAML scalars or
+// flow sequences), validate. Every problem is a UserError naming the YAML path and value.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+Config load_config_text(const std::string& yaml_text, const std::vector<std::string>& overrides = {},
+                        const std::string& origin = "<string>");
+
+// Checks that need the world size (parallel foldings must multiply to it).
+void validate_parallel(const Config& cfg, int world_size);
+
+// The resolved configuration as YAML (every key, defaults filled in), loadable again.
+std::string dump_config(const Config& cfg);
+
+// Markdown table of every key: path, type, default, description (README's config reference).
+std::string config_reference_markdown();
+
+}  // namespace mop

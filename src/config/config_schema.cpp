@@ -1,0 +1,143 @@
+// Every configuration key: where it lives, its type and range, and what it means. This table is
+// the single source of the README's configuration reference (`mop config-reference`).
+#include <cstdint>
+
+#include "config/schema.h"
+
+namespace mop {
+namespace {
+
+using K = FieldSpec::Kind;
+
+struct SchemaBuilder {
+  std::vector<FieldSpec> fields;
+  FieldSpec& add(const char* path, K kind, void* ptr, const char* doc) {
+    FieldSpec spec;
+    spec.path = path;
+    spec.kind = kind;
+    spec.ptr = ptr;
+    spec.doc = doc;
+    fields.push_back(std::move(spec));
+    return fields.back();
+  }
+  void i(const char* path, int64_t& v, double lo, double hi, const char* doc) {
+    auto& spec = add(path, K::Int, &v, doc);
+    spec.min = lo, spec.max = hi;
+  }
+  void f(const char* path, double& v, double lo, double hi, const char* doc) {
+    auto& spec = add(path, K::Float, &v, doc);
+    spec.min = lo, spec.max = hi;
+  }
+  void b(const char* path, bool& v, const char* doc) { add(path, K::Bool, &v, doc); }
+  void s(const char* path, std::string& v, std::vector<std::string> choices, const char* doc,
+         bool open = false) {
+    auto& spec = add(path, K::String, &v, doc);
+    spec.choices = std::move(choices);
+    spec.open_choices = open;
+  }
+  void l(const char* path, std::vector<std::string>& v, const char* doc) {
+    add(path, K::StringList, &v, doc);
+  }
+};
+
+constexpr double kMaxDim = 1 << 20;      // hidden sizes, FFN widths
+constexpr double kMaxVocab = 2147483647;  // token ids are int32
+constexpr double kMaxCount = 1e12;        // steps, batch sizes, intervals
+
+}  // namespace
+
+const char* kind_name(FieldSpec::Kind kind) {
+  switch (kind) {
+    case K::Int: return "int";
+    case K::Float: return "float";
+    case K::Bool: return "bool";
+    case K::String: return "string";
+    case K::StringList: return "list of strings";
+  }
+  return "?";
+}
+
+std::vector<FieldSpec> config_schema(Config& c) {
+  SchemaBuilder s;
+  auto& m = c.model;
+  s.i("model.vocab_size", m.vocab_size, 2, kMaxVocab, "Vocabulary size (embedding rows, LM-head outputs). 257 for the byte-level data of `mop prepare-data`.");
+  s.i("model.hidden_size", m.hidden_size, 1, kMaxDim, "Width of the residual stream.");
+  s.i("model.num_layers", m.num_layers, 1, 4096, "Transformer layers.");
+  s.i("model.num_heads", m.num_heads, 1, 4096, "Query heads.");
+  s.i("model.num_kv_heads", m.num_kv_heads, 1, 4096, "Key/value heads (GQA); must divide num_heads.");
+  s.i("model.head_dim", m.head_dim, 0, 1024, "Per-head width; 0 means hidden_size / num_heads. Must be even (RoPE).");
+  s.f("model.rope_theta", m.rope_theta, 1, 1e12, "RoPE base frequency.");
+  s.b("model.qk_norm", m.qk_norm, "Per-head RMSNorm on queries and keys before RoPE (Qwen3).");
+  s.f("model.rms_eps", m.rms_eps, 1e-12, 1e-1, "RMSNorm epsilon.");
+  s.b("model.tie_embeddings", m.tie_embeddings, "Share the embedding table with the LM head.");
+  s.f("model.init_std", m.init_std, 1e-6, 1, "Standard deviation of the normal initialisation of weight matrices.");
+
+  auto& e = c.moe;
+  s.i("moe.num_experts", e.num_experts, 1, 65536, "Routed experts per MoE layer.");
+  s.i("moe.top_k", e.top_k, 1, 65536, "Experts each token is routed to.");
+  s.i("moe.expert_ffn", e.expert_ffn, 1, kMaxDim, "FFN width of one routed expert (moe_intermediate_size).");
+  s.b("moe.renormalize", e.renormalize, "Renormalise the top-k router probabilities to sum to 1 (norm_topk_prob).");
+  s.i("moe.shared_expert_ffn", e.shared_expert_ffn, 0, kMaxDim, "FFN width of a shared expert every token passes through; 0: none.");
+  s.i("moe.first_dense_layers", e.first_dense_layers, 0, 4096, "The first N layers use a dense SwiGLU FFN instead of experts.");
+  s.i("moe.dense_ffn", e.dense_ffn, 0, kMaxDim, "FFN width of the dense layers; 0: expert_ffn × top_k.");
+  s.f("moe.aux_loss_coef", e.aux_loss_coef, 0, 1e3, "Weight of the load-balancing loss (averaged over MoE layers).");
+  s.f("moe.z_loss_coef", e.z_loss_coef, 0, 1e3, "Weight of the router z-loss (mean squared log-sum-exp of router logits).");
+
+  auto& p = c.parallel;
+  s.i("parallel.attention.cp", p.attention.cp, 1, 1 << 20, "Attention: ranks the sequence is sharded over.");
+  s.i("parallel.attention.dp", p.attention.dp, 1, 1 << 20, "Attention: data-parallel ranks; cp × dp = number of ranks.");
+  s.i("parallel.moe.ep", p.moe.ep, 1, 1 << 20, "MoE: ranks the experts are sharded over; must divide num_experts.");
+  s.i("parallel.moe.dp", p.moe.dp, 1, 1 << 20, "MoE: data-parallel ranks; ep × dp = number of ranks.");
+
+  auto& o = c.optim;
+  s.f("optim.lr", o.lr, 0, 10, "Peak learning rate.");
+  s.f("optim.min_lr", o.min_lr, 0, 10, "Final learning rate of the cosine / WSD decay.");
+  s.s("optim.schedule", o.schedule, {"cosine", "wsd", "constant"}, "Linear warmup, then cosine decay to min_lr, warmup-stable-decay (linear decay over the last decay_fraction of the steps), or constant.");
+  s.i("optim.warmup_steps", o.warmup_steps, 0, kMaxCount, "Linear warmup steps from 0 to lr.");
+  s.f("optim.decay_fraction", o.decay_fraction, 0, 1, "WSD: fraction of train.steps spent decaying to min_lr.");
+  s.f("optim.beta1", o.beta1, 0, 0.999999, "Adam β1.");
+  s.f("optim.beta2", o.beta2, 0, 0.999999999, "Adam β2.");
+  s.f("optim.eps", o.eps, 1e-30, 1, "Adam ε.");
+  s.f("optim.weight_decay", o.weight_decay, 0, 10, "Decoupled weight decay (AdamW); never applied to norms and biases.");
+  s.f("optim.grad_clip", o.grad_clip, 0, 1e6, "Clip the global gradient norm to this value; 0: no clipping.");
+
+  auto& d = c.data;
+  s.l("data.paths", d.paths, "Token shards, concatenated in order: Megatron indexed datasets (prefix of .bin/.idx) or flat binary token files.");
+  s.s("data.format", d.format, {"auto", "megatron", "flat"}, "Shard format; auto picks megatron when PATH.idx exists.");
+  s.s("data.flat_dtype", d.flat_dtype, {"uint16", "uint32"}, "Token type of flat binary shards.");
+  s.i("data.eos_id", d.eos_id, -1, kMaxVocab, "End-of-document token id; -1: none. 256 for `mop prepare-data` shards.");
+  s.i("data.seq_len", d.seq_len, 1, 1 << 24, "Tokens per training sequence.");
+  s.b("data.eod_mask_loss", d.eod_mask_loss, "Do not train on predicting the token after an end-of-document.");
+  s.b("data.reset_position_ids", d.reset_position_ids, "Restart RoPE positions after every end-of-document.");
+  s.f("data.valid_fraction", d.valid_fraction, 0, 0.5, "Fraction of the data held out for evaluation.");
+
+  auto& t = c.train;
+  s.i("train.steps", t.steps, 1, kMaxCount, "Optimizer steps.");
+  s.i("train.global_batch_size", t.global_batch_size, 1, kMaxCount, "Sequences per optimizer step over all ranks (= micro_batch_size × micro-batches × data-parallel ranks).");
+  s.i("train.micro_batch_size", t.micro_batch_size, 1, kMaxCount, "Sequences per forward/backward pass on one rank.");
+  s.i("train.seed", t.seed, 0, 9.2e18, "Seed of the initialisation and the data order.");
+  s.s("train.device", t.device, {"auto", "cpu", "cuda"}, "Where the step runs; auto: cuda when a GPU is present.");
+  s.s("train.precision", t.precision, {"auto", "fp32", "fp64", "bf16"}, "Compute dtype; auto: fp32 on the CPU, bf16 on the GPU.");
+  s.b("train.recompute", t.recompute, "Keep only each layer's input during forward and recompute the rest in backward.");
+  s.s("train.on_nonfinite", t.on_nonfinite, {"skip", "abort"}, "When the loss or a gradient is NaN/Inf: skip the step (and log the first offending tensor) or abort.");
+  s.i("train.lm_head_chunk", t.lm_head_chunk, 1, 1 << 24, "Tokens per chunk of the fused LM-head + cross-entropy.");
+  s.i("train.eval_interval", t.eval_interval, 0, kMaxCount, "Evaluate on the held-out data every N steps; 0: never.");
+  s.i("train.eval_batches", t.eval_batches, 1, kMaxCount, "Micro-batches per evaluation.");
+  s.i("train.exit_interval", t.exit_interval, 0, kMaxCount, "Checkpoint and exit after steps that are multiples of N (work in chunks of a job queue's time limit); 0: never.");
+
+  auto& k = c.checkpoint;
+  s.s("checkpoint.dir", k.dir, {}, "Directory of step_N/ checkpoints and the `latest` pointer.");
+  s.i("checkpoint.interval", k.interval, 0, kMaxCount, "Save every N steps; 0: only at the end.");
+  s.i("checkpoint.keep_last", k.keep_last, 0, kMaxCount, "Keep the newest N checkpoints; 0: keep all.");
+  s.s("checkpoint.resume", k.resume, {"none", "auto"}, "none, auto (latest complete checkpoint in dir, else fresh) or a checkpoint path.", true);
+  s.b("checkpoint.save_final", k.save_final, "Save a checkpoint after the last step.");
+
+  auto& g = c.log;
+  s.i("log.interval", g.interval, 1, kMaxCount, "Log a line every N steps.");
+  s.s("log.metrics_file", g.metrics_file, {}, "JSON-lines metrics file; empty: <checkpoint.dir>/metrics.jsonl.");
+  s.s("log.level", g.level, {"trace", "debug", "info", "warn", "error"}, "Log level.");
+  s.b("log.all_ranks", g.all_ranks, "Log from every rank, not only rank 0.");
+  return std::move(s.fields);
+}
+
+}  // namespace mop

@@ -1,0 +1,132 @@
+// Config loading: defaults, overrides, every class of bad input gives one UserError naming the
+// YAML path and value, and the resolved dump loads back to the same config.
+#include <string>
+
+#include "catch.h"
+#include "config/config.h"
+#include "core/error.h"
+
+using namespace mop;
+
+namespace {
+
+// The message of the UserError that loading `yaml` with `overrides` raises ("" if none).
+std::string error_of(const std::string& yaml, std::vector<std::string> overrides = {}) {
+  try {
+    load_config_text(yaml, overrides, "cfg.yaml");
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("config: defaults and values load", "[cpu][config]") {
+  Config c = load_config_text("model:\n  hidden_size: 64\n  num_heads: 8\nmoe:\n  top_k: 3\n");
+  CHECK(c.model.hidden_size == 64);
+  CHECK(c.head_dim() == 8);
+  CHECK(c.moe.top_k == 3);
+  CHECK(c.moe.num_experts == 8);  // default
+  CHECK(load_config_text("").model.hidden_size == 128);
+  CHECK(load_config_text("model:\n").model.hidden_size == 128);
+  CHECK(load_config_text("optim: {lr: 1e-3}").optim.lr == 1e-3);
+  CHECK(load_config_text("train: {steps: 1e3}").train.steps == 1000);  // integral float accepted
+  Config l = load_config_text("data:\n  paths: [a, b]\n");
+  REQUIRE(l.data.paths.size() == 2);
+  CHECK(load_config_text("data: {paths: one}").data.paths.at(0) == "one");
+}
+
+TEST_CASE("config: --set overrides", "[cpu][config]") {
+  Config c = load_config_text("moe: {top_k: 2}", {"moe.top_k=4", "data.paths=[x, y]", "model.qk_norm=false"});
+  CHECK(c.moe.top_k == 4);
+  CHECK(c.data.paths.size() == 2);
+  CHECK_FALSE(c.model.qk_norm);
+  CHECK(error_of("", {"moe.topk=4"}) == "--set moe.topk: unknown key (did you mean moe.top_k?)");
+  CHECK(error_of("", {"moe.top_k"}) == "--set moe.top_k: expected section.key=value");
+  CHECK(error_of("", {"moe.top_k=abc"}) == "--set moe.top_k: expected an integer, got 'abc'");
+  // An override is validated like the file: top_k beyond the experts.
+  CHECK(error_of("", {"moe.top_k=9"}) == "moe.top_k: 9 exceeds moe.num_experts (8)");
+}
+
+TEST_CASE("config: bad input names the path and value", "[cpu][config]") {
+  CHECK(error_of("moe:\n  num_experts: 8\n  top_k: 9\n") == "moe.top_k: 9 exceeds moe.num_experts (8)");
+  CHECK(error_of("moe:\n  topk: 2\n") == "cfg.yaml:2: unknown key moe.topk (did you mean moe.top_k?)");
+  CHECK(error_of("modle:\n  hidden_size: 2\n") == "cfg.yaml:1: unknown key modle (did you mean model?)");
+  CHECK(error_of("zzz: 1\n") == "cfg.yaml:1: unknown key zzz");
+  CHECK(error_of("model:\n  hidden_size: abc\n") ==
+        "cfg.yaml:2: model.hidden_size: expected an integer, got 'abc'");
+  CHECK(error_of("model:\n  hidden_size: 2.5\n") ==
+        "cfg.yaml:2: model.hidden_size: expected an integer, got 2.5");
+  CHECK(error_of("model:\n  hidden_size: 0\n") ==
+        "cfg.yaml:2: model.hidden_size: 0 is out of range (1 to 1048576)");
+  CHECK(error_of("model:\n  hidden_size: -3\n") ==
+        "cfg.yaml:2: model.hidden_size: -3 is out of range (1 to 1048576)");
+  CHECK(error_of("model:\n  hidden_size: 99999999999999999999999\n") ==
+        "cfg.yaml:2: model.hidden_size: 99999999999999999999999 is out of range (1 to 1048576)");
+  CHECK(error_of("model:\n  hidden_size: [1, 2]\n") ==
+        "cfg.yaml:2: model.hidden_size: expected a single int value");
+  CHECK(error_of("model: 5\n") == "cfg.yaml:1: model: expected a mapping of keys");
+  CHECK(error_of("- a\n- b\n") == "cfg.yaml:1: the top level must be a mapping of sections (model:, moe:, ...)");
+  CHECK(error_of("model:\n  qk_norm: maybe\n") ==
+        "cfg.yaml:2: model.qk_norm: expected true or false, got 'maybe'");
+  CHECK(error_of("optim:\n  lr: .nan\n") == "cfg.yaml:2: optim.lr: expected a number, got '.nan'");
+  CHECK(error_of("optim:\n  schedule: cosin\n") ==
+        "cfg.yaml:2: optim.schedule: 'cosin' is not one of cosine, wsd or constant (did you mean cosine?)");
+  CHECK(error_of("model: {hidden_size: 128, num_heads: 8, num_kv_heads: 3}") ==
+        "model.num_kv_heads: 3 does not divide model.num_heads (8)");
+  CHECK(error_of("model: {hidden_size: 130, num_heads: 4}") ==
+        "model.hidden_size: 130 is not divisible by model.num_heads (4); set model.head_dim explicitly");
+  CHECK(error_of("model: {head_dim: 33}") ==
+        "model.head_dim: 33 must be even (RoPE rotates pairs of dimensions)");
+  CHECK(error_of("model: {vocab_size: 100}") ==
+        "data.eos_id: 256 is outside the vocabulary (model.vocab_size 100)");
+  CHECK(error_of("train: {micro_batch_size: 16, global_batch_size: 8}") ==
+        "train.micro_batch_size: 16 exceeds train.global_batch_size (8)");
+  CHECK(error_of("optim: {lr: 1e-4, min_lr: 1e-3}") == "optim.min_lr: 0.001 exceeds optim.lr (0.0001)");
+  CHECK(error_of("model: {num_layers: 2}\nmoe: {first_dense_layers: 3}") ==
+        "moe.first_dense_layers: 3 exceeds model.num_layers (2)");
+  // Sizes whose products overflow.
+  CHECK(error_of("data: {seq_len: 16777216}\ntrain: {micro_batch_size: 1000, global_batch_size: 1000}") ==
+        "train.micro_batch_size × data.seq_len = 16777216000 tokens per micro-batch exceeds 2^31 − 1");
+  // Malformed YAML.
+  std::string malformed = error_of("model:\n  hidden_size: [1, 2\n");
+  CHECK(malformed.rfind("cfg.yaml:", 0) == 0);
+  CHECK(malformed.find("malformed YAML") != std::string::npos);
+}
+
+TEST_CASE("config: parallel foldings must match the number of ranks", "[cpu][config]") {
+  Config c = load_config_text("parallel: {attention: {cp: 2, dp: 2}, moe: {ep: 4}}\ntrain: {global_batch_size: 16}");
+  CHECK_NOTHROW(validate_parallel(c, 4));
+  try {
+    validate_parallel(c, 8);
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()) == "parallel.attention: cp (2) × dp (2) = 4 must equal the number of ranks (8)");
+  }
+  Config e = load_config_text("parallel: {moe: {ep: 3}}");
+  CHECK_THROWS_WITH(validate_parallel(e, 3), "parallel.attention: cp (1) × dp (1) = 1 must equal the number of ranks (3)");
+  Config g = load_config_text("parallel: {attention: {dp: 3}, moe: {dp: 3}}\ntrain: {global_batch_size: 8, micro_batch_size: 1}");
+  CHECK_THROWS_WITH(validate_parallel(g, 3),
+                    "train.global_batch_size: 8 is not a multiple of train.micro_batch_size (1) × parallel.attention.dp (3)");
+}
+
+TEST_CASE("config: the resolved dump loads back to the same config", "[cpu][config]") {
+  Config c = load_config_text(
+      "model: {hidden_size: 96, num_heads: 6, rope_theta: 500000.5}\noptim: {lr: 0.00123, schedule: wsd}\n"
+      "data: {paths: [a/b, 'c d']}\ncheckpoint: {resume: some/path}");
+  std::string dump = dump_config(c);
+  Config back = load_config_text(dump);
+  CHECK(dump_config(back) == dump);
+  CHECK(back.model.rope_theta == 500000.5);
+  CHECK(back.optim.lr == 0.00123);
+  CHECK(back.data.paths.at(1) == "c d");
+  CHECK(back.checkpoint.resume == "some/path");
+}
+
+TEST_CASE("config: the reference lists every key", "[cpu][config]") {
+  std::string ref = config_reference_markdown();
+  for (const char* key : {"`model.hidden_size`", "`moe.top_k`", "`parallel.moe.ep`", "`optim.lr`",
+                          "`data.paths`", "`train.steps`", "`checkpoint.dir`", "`log.interval`"})
+    CHECK(ref.find(key) != std::string::npos);
+}
