@@ -1,0 +1,109 @@
+// prepare_data: maps each input file, splits it into documents and streams the bytes (widened to
+// token ids) plus an EOS per document through IndexedDatasetWriter.
+#include "data/prepare_data.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "core/error.h"
+#include "data/indexed_dataset_writer.h"
+#include "data/mapped_file.h"
+
+namespace mop {
+namespace {
+bool is_blank_byte(uint8_t c) {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v';
+}
+
+// Calls emit(begin, end) for each block of non-blank lines; `end` excludes the block's final line
+// break ("\n" or "\r\n").
+template <class Emit>
+void for_each_block(const uint8_t* data, size_t size, Emit&& emit) {
+  size_t pos = 0, block_begin = size, block_end = 0;
+  bool in_block = false;
+  while (pos < size) {
+    const void* nl = std::memchr(data + pos, '\n', size - pos);
+    size_t line_end = nl ? size_t(static_cast<const uint8_t*>(nl) - data) : size;
+    size_t content_end = line_end;
+    if (content_end > pos && data[content_end - 1] == '\r') --content_end;
+    bool blank = true;
+    for (size_t i = pos; i < line_end && blank; ++i) blank = is_blank_byte(data[i]);
+    if (blank && in_block) {
+      emit(block_begin, block_end);
+      in_block = false;
+    } else if (!blank) {
+      if (!in_block) block_begin = pos;
+      in_block = true;
+      block_end = content_end;
+    }
+    pos = nl ? line_end + 1 : size;
+  }
+  if (in_block) emit(block_begin, block_end);
+}
+
+// Writes bytes [begin, end) as tokens, then the EOS, as one document.
+void write_document(IndexedDatasetWriter& writer, const uint8_t* data, size_t begin, size_t end,
+                    std::vector<uint32_t>& buffer) {
+  for (size_t pos = begin; pos < end;) {
+    size_t n = std::min(buffer.size(), end - pos);
+    for (size_t i = 0; i < n; ++i) buffer[i] = data[pos + i];
+    writer.add_tokens({buffer.data(), n});
+    pos += n;
+  }
+  const uint32_t eos = kByteEosId;
+  writer.add_tokens({&eos, 1});
+  writer.end_document();
+}
+}  // namespace
+
+DocSplit parse_doc_split(std::string_view name) {
+  if (name == "file") return DocSplit::File;
+  if (name == "blank-line") return DocSplit::BlankLine;
+  throw_user_error("document split must be file or blank-line (got \"", name, "\")");
+}
+
+PrepareDataStats prepare_data(const PrepareDataOptions& options) {
+  MOP_USER_CHECK(!options.inputs.empty(), "prepare-data needs at least one input file");
+  MOP_USER_CHECK(!options.output.empty(), "prepare-data needs an output prefix");
+  // Map every input first, so a bad path fails before anything is written.
+  std::vector<MappedFile> files;
+  for (const std::string& path : options.inputs) {
+    files.emplace_back(path, MapAdvice::Sequential);
+    MOP_USER_CHECK(files.back().size() > 0, path, ": is empty");
+  }
+  MegatronPaths out = megatron_paths(options.output);
+  std::filesystem::path parent = std::filesystem::path(out.bin).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    MOP_USER_CHECK(!ec, "cannot create directory ", parent.string(), ": ", ec.message());
+  }
+
+  PrepareDataStats stats;
+  IndexedDatasetWriter writer(out.prefix, TokenDType::U16);
+  std::vector<uint32_t> buffer(1 << 16);
+  for (const MappedFile& file : files) {
+    stats.num_input_bytes += int64_t(file.size());
+    if (options.split == DocSplit::File) {
+      write_document(writer, file.data(), 0, file.size(), buffer);
+      continue;
+    }
+    int64_t documents_before = writer.num_documents();
+    for_each_block(file.data(), file.size(), [&](size_t begin, size_t end) {
+      write_document(writer, file.data(), begin, end, buffer);
+    });
+    MOP_USER_CHECK(writer.num_documents() > documents_before, file.path(),
+                   ": no documents (only blank lines)");
+  }
+  writer.finish();
+  stats.num_documents = writer.num_documents();
+  stats.num_tokens = writer.num_tokens();
+  stats.num_output_bytes = writer.num_bytes_written();
+  stats.bin_path = out.bin;
+  stats.idx_path = out.idx;
+  return stats;
+}
+
+}  // namespace mop

@@ -1,0 +1,105 @@
+// prepare_data: text files → byte-level Megatron dataset, in both document split modes.
+#include <string>
+#include <vector>
+
+#include "catch.h"
+#include "data/prepare_data.h"
+#include "data/token_shard.h"
+#include "data_test_util.h"
+#include "test_util.h"
+
+using namespace mop;
+using test::TempDir;
+
+namespace {
+// Bytes of `text` as token ids, then EOS.
+std::vector<uint32_t> doc(const std::string& text) {
+  std::vector<uint32_t> t(text.begin(), text.end());
+  for (uint32_t& v : t) v &= 0xff;
+  t.push_back(kByteEosId);
+  return t;
+}
+
+std::vector<uint32_t> concat(const std::vector<std::vector<uint32_t>>& docs) {
+  std::vector<uint32_t> all;
+  for (const auto& d : docs) all.insert(all.end(), d.begin(), d.end());
+  return all;
+}
+
+std::vector<uint32_t> read_all(const TokenShard& shard) {
+  std::vector<uint32_t> out(size_t(shard.num_tokens()));
+  shard.read(0, shard.num_tokens(), out.data(), kByteVocabSize);
+  return out;
+}
+
+const std::string kA = "Hello\nworld\n\n\nSecond para\r\nline2\r\n";
+const std::string kB = "  \n\xc3\xa9t\xc3\xa9\n \t\nB2";
+}  // namespace
+
+TEST_CASE("prepare_data: one document per file", "[cpu][data]") {
+  TempDir dir;
+  test::write_text(dir / "a.txt", kA);
+  test::write_text(dir / "b.txt", kB);
+  PrepareDataOptions o;
+  o.inputs = {dir / "a.txt", dir / "b.txt"};
+  o.output = dir / "out/nested/bytes";  // parent directories are created
+  PrepareDataStats stats = prepare_data(o);
+  CHECK(stats.num_documents == 2);
+  CHECK(stats.num_tokens == int64_t(kA.size() + kB.size() + 2));
+  CHECK(stats.num_input_bytes == int64_t(kA.size() + kB.size()));
+  CHECK(stats.bin_path == dir / "out/nested/bytes.bin");
+  CHECK(stats.num_output_bytes == int64_t(std::filesystem::file_size(stats.bin_path) +
+                                          std::filesystem::file_size(stats.idx_path)));
+
+  TokenShard shard = TokenShard::open_megatron(o.output);
+  CHECK(shard.dtype() == TokenDType::U16);
+  CHECK(read_all(shard) == concat({doc(kA), doc(kB)}));
+  CHECK(shard.document_boundaries() ==
+        std::vector<int64_t>{0, int64_t(kA.size() + 1), stats.num_tokens});
+}
+
+TEST_CASE("prepare_data: blank lines separate documents", "[cpu][data]") {
+  TempDir dir;
+  test::write_text(dir / "a.txt", kA);
+  test::write_text(dir / "b.txt", kB);
+  PrepareDataOptions o;
+  o.inputs = {dir / "a.txt", dir / "b.txt"};
+  o.output = dir / "bytes.bin";  // a file name works as the prefix too
+  o.split = parse_doc_split("blank-line");
+  PrepareDataStats stats = prepare_data(o);
+  // Inner line breaks stay (CRLF included); the break after a block's last line goes; lines of
+  // only spaces/tabs count as blank; documents never span files.
+  std::vector<std::vector<uint32_t>> docs = {doc("Hello\nworld"), doc("Second para\r\nline2"),
+                                             doc("\xc3\xa9t\xc3\xa9"), doc("B2")};
+  CHECK(stats.num_documents == 4);
+  TokenShard shard = TokenShard::open_megatron(dir / "bytes");
+  CHECK(read_all(shard) == concat(docs));
+  CHECK(shard.document_boundaries() == std::vector<int64_t>{0, 12, 31, 37, 40});
+  CHECK(stats.num_tokens == 40);
+}
+
+TEST_CASE("prepare_data: bad inputs are UserErrors", "[cpu][data]") {
+  TempDir dir;
+  test::write_text(dir / "ok.txt", "text\n");
+  test::write_text(dir / "empty.txt", "");
+  test::write_text(dir / "blank.txt", "\n  \n\r\n");
+  PrepareDataOptions o;
+  o.output = dir / "out";
+  CHECK_USER_ERROR(prepare_data(o), "at least one input file");
+  o.inputs = {dir / "ok.txt", dir / "missing.txt"};
+  CHECK_USER_ERROR(prepare_data(o), (dir / "missing.txt") + ": cannot open: No such file");
+  o.inputs = {dir / "empty.txt"};
+  CHECK_USER_ERROR(prepare_data(o), (dir / "empty.txt") + ": is empty");
+  o.inputs = {dir / "ok.txt", dir / "blank.txt"};
+  o.split = DocSplit::BlankLine;
+  CHECK_USER_ERROR(prepare_data(o), (dir / "blank.txt") + ": no documents (only blank lines)");
+  // Nothing half-written is left behind.
+  CHECK(!std::filesystem::exists(dir / "out.bin"));
+  CHECK(!std::filesystem::exists(dir / "out.bin.tmp"));
+  CHECK_USER_ERROR(parse_doc_split("paragraph"),
+                   "document split must be file or blank-line (got \"paragraph\")");
+  test::write_text(dir / "file_not_dir", "x");
+  o.inputs = {dir / "ok.txt"};
+  o.output = dir / "file_not_dir/out";
+  CHECK_USER_ERROR(prepare_data(o), "cannot create directory " + (dir / "file_not_dir"));
+}
