@@ -83,8 +83,12 @@ struct Tensor {
 
   std::string shape_str() const {
     std::string s = "[";
-    for (int i = 0; i < ndim; ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-    return s + "]";
+    for (int i = 0; i < ndim; ++i) {
+      if (i) s.push_back(',');
+      s.append(std::to_string(shape[i]));
+    }
+    s.push_back(']');
+    return s;
   }
 };
 

@@ -1,0 +1,61 @@
+// Parameter storage layout and deterministic initialisation.
+#include "model/params.h"
+
+#include "core/rng.h"
+
+namespace mop {
+
+ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad_dtype, MemKind mem,
+                       bool allocate)
+    : layout_(layout), weight_dtype_(weight_dtype), grad_dtype_(grad_dtype) {
+  for (const auto& def : layout.params) {
+    offsets_.push_back(total_);
+    total_ += (def.numel() + kParamAlign - 1) / kParamAlign * kParamAlign;
+  }
+  if (!allocate) return;
+  weights_ = Buffer(mem, size_t(total_) * dtype_size(weight_dtype));
+  grads_ = Buffer(mem, size_t(total_) * dtype_size(grad_dtype));
+}
+
+Tensor ParamStore::weights_flat() const {
+  return Tensor(weights_.data(), weight_dtype_, {total_}, weights_.device());
+}
+
+Tensor ParamStore::grads_flat() const {
+  return Tensor(grads_.data(), grad_dtype_, {total_}, grads_.device());
+}
+
+Tensor ParamStore::shaped(const Buffer& flat, DType dtype, int p) const {
+  MOP_CHECK(flat.bytes() >= size_t(total_) * dtype_size(dtype), "flat buffer too small");
+  return shaped_view(flat.data(), dtype, flat.device(), p);
+}
+
+Tensor ParamStore::shaped_view(void* flat_base, DType dtype, Device device, int p) const {
+  MOP_CHECK(p >= 0 && p < num_params(), "parameter index ", p);
+  const auto& def = layout_.params[p];
+  Tensor t(static_cast<char*>(flat_base) + size_t(offsets_[p]) * dtype_size(dtype), dtype, {},
+           device);
+  t.ndim = int(def.shape.size());
+  for (int i = 0; i < t.ndim; ++i) t.shape[i] = def.shape[i];
+  return t;
+}
+
+void init_params(const ModelLayout& layout, const ParamStore& store, float* master, uint64_t seed) {
+  std::vector<HfView> views = layout.hf_views();
+  const double std_dev = layout.dims.init_std;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < views.size(); ++i) {
+    const HfView& v = views[i];
+    int64_t n = 1;
+    for (int64_t s : v.shape) n *= s;
+    float* dst = master + store.offset(v.param) + v.offset;
+    if (layout.params[v.param].kind == ParamKind::Norm) {
+      for (int64_t j = 0; j < n; ++j) dst[j] = 1.0f;
+    } else {
+      uint64_t stream = fnv1a64(v.name);
+      for (int64_t j = 0; j < n; ++j) dst[j] = float(std_dev * philox_normal(seed, stream, uint64_t(j)));
+    }
+  }
+}
+
+}  // namespace mop

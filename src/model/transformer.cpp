@@ -1,0 +1,289 @@
+// Forward and backward of the MoE transformer over one micro-batch (see transformer.h).
+// Per layer: x_mid = x + o_proj(attn(rope(qk_norm(qkv(rmsnorm(x))))));
+//            x_out = x_mid + ffn(rmsnorm(x_mid)), ffn = routed experts (+ shared expert) or dense.
+// The residual gradient dx flows backward in one buffer that each layer turns from ∂/∂x_out
+// into ∂/∂x_in (norm backward accumulates into it).
+#include "model/transformer.h"
+
+#include <cmath>
+
+namespace mop {
+
+Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops,
+                         TransformerOptions options)
+    : layout_(layout),
+      d_(layout.dims),
+      params_(params),
+      ops_(ops),
+      opt_(options),
+      cdt_(params.weight_dtype()),
+      adt_(acc_dtype(params.weight_dtype())),
+      arena_(ops.device() == Device::CUDA ? MemKind::Device : MemKind::Host, "activations") {
+  const int64_t T = int64_t(opt_.max_batch) * opt_.max_seq, H = d_.hidden;
+  const int64_t Q = d_.q_width(), KV = d_.kv_width(), E = d_.experts, K = d_.top_k;
+  const int64_t TK = T * K;
+  auto c = [&](std::initializer_list<int64_t> dims) { return arena_.add(cdt_, dims); };
+  auto a = [&](std::initializer_list<int64_t> dims) { return arena_.add(adt_, dims); };
+  auto i = [&](std::initializer_list<int64_t> dims) { return arena_.add(DType::I32, dims); };
+
+  for (int l = 0; l <= d_.layers; ++l) xs_.push_back(c({T, H}));
+  int sets = opt_.recompute ? 1 : int(d_.layers);
+  bool any_moe = d_.num_moe_layers() > 0, any_dense = d_.first_dense > 0;
+  for (int set = 0; set < sets; ++set) {
+    Acts s{};
+    s.ln1 = c({T, H}), s.rstd1 = a({T});
+    s.q_raw = c({T, Q}), s.k_raw = c({T, KV}), s.q = c({T, Q}), s.k = c({T, KV}), s.v = c({T, KV});
+    s.q_rstd = a({T * d_.heads}), s.k_rstd = a({T * d_.kv_heads});
+    s.attn = c({T, Q}), s.lse = a({T * d_.heads});
+    s.x_mid = c({T, H}), s.ln2 = c({T, H}), s.rstd2 = a({T});
+    // With recompute the single set serves every layer, so it needs both MoE and dense buffers;
+    // without, layer `set` needs only its own kind.
+    bool moe = opt_.recompute ? any_moe : d_.is_moe(set);
+    bool dense = opt_.recompute ? any_dense : !d_.is_moe(set);
+    if (moe) {
+      s.logits = a({T, E}), s.probs = a({T, E}), s.rlse = a({T});
+      s.topk_idx = i({T, K}), s.topk_w = a({T, K});
+      s.counts = i({E}), s.offsets = i({E + 1}), s.perm_src = i({TK}), s.slot_of = i({TK});
+      s.aux_grad = a({E});
+      s.xp = c({TK, H}), s.gu = c({TK, 2 * d_.expert_ffn}), s.h = c({TK, d_.expert_ffn});
+      s.yp = c({TK, H});
+      if (d_.shared_ffn) s.shared_gu = c({T, 2 * d_.shared_ffn}), s.shared_h = c({T, d_.shared_ffn});
+    }
+    if (dense) s.ffn_gu = c({T, 2 * d_.dense_ffn}), s.ffn_h = c({T, d_.dense_ffn});
+    acts_.push_back(s);
+  }
+  s_.dx = c({T, H}), s_.dln = c({T, H}), s_.dattn = c({T, Q});
+  s_.dq = c({T, Q}), s_.dk = c({T, KV}), s_.dv = c({T, KV});
+  s_.dq_raw = c({T, Q}), s_.dk_raw = c({T, KV});
+  if (any_moe) {
+    s_.dlogits = a({T, E}), s_.dlogits_c = c({T, E}), s_.dtopk_w = a({T, K});
+    s_.dyp = c({TK, H}), s_.dh = c({TK, d_.expert_ffn}), s_.dgu = c({TK, 2 * d_.expert_ffn});
+    s_.dxp = c({TK, H});
+  }
+  // Dense-layer and shared-expert FFN gradients share one pair of buffers of the wider width.
+  int64_t ffn_w = std::max(any_dense ? d_.dense_ffn : 0, any_moe ? d_.shared_ffn : 0);
+  if (ffn_w) s_.dffn_h = c({T, ffn_w}), s_.dffn_gu = c({T, 2 * ffn_w});
+  s_.xf = c({T, H}), s_.rstd_f = a({T}), s_.dxf = c({T, H});
+  s_.loss_tok = a({T}), s_.lse_tok = a({T});
+  s_.lm_ws = a({std::min<int64_t>(opt_.lm_head_chunk, T), d_.vocab});
+  s_.losses = a({3}), s_.loss_tmp = a({1});
+  s_.scratch_out = opt_.recompute ? c({T, H}) : -1;
+  s_.scratch_losses = a({2});
+}
+
+void Transformer::allocate() { arena_.allocate(); }
+
+Tensor Transformer::act(int slot, int64_t rows) const { return arena_.tensor(slot).rows(0, rows); }
+
+Tensor Transformer::scratch(int slot, std::initializer_list<int64_t> dims) const {
+  Tensor whole = arena_.tensor(slot);
+  Tensor shaped(nullptr, whole.dtype, dims, whole.device);
+  return whole.view({whole.numel()}).rows(0, shaped.numel()).view(dims);
+}
+
+const Transformer::Acts& Transformer::acts(int l) const { return acts_[opt_.recompute ? 0 : l]; }
+
+void Transformer::ffn_fwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor x_out,
+                          int64_t T) {
+  Tensor gu = act(gu_slot, T), h = act(h_slot, T);
+  ops_.gemm(gu, x, false, W(gate_up), true, 1, 0);  // [T,2F] = x[T,H]·W[2F,H]ᵀ
+  ops_.swiglu_fwd(h, gu);
+  ops_.gemm(x_out, h, false, W(down), true, 1, 1);  // x_out += h[T,F]·W[H,F]ᵀ
+}
+
+void Transformer::ffn_bwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor dy,
+                          Tensor dx, int64_t T) {
+  Tensor gu = act(gu_slot, T), h = act(h_slot, T);
+  int64_t F = h.shape[1];
+  Tensor dh = scratch(s_.dffn_h, {T, F}), dgu = scratch(s_.dffn_gu, {T, 2 * F});
+  ops_.gemm(dh, dy, false, W(down), false, 1, 0);  // [T,F] = dy[T,H]·W[H,F]
+  ops_.gemm(G(down), dy, true, h, false, 1, 1);    // dW[H,F] += dyᵀ·h
+  ops_.swiglu_bwd(dgu, dh, gu);
+  ops_.gemm(dx, dgu, false, W(gate_up), false, 1, 1);  // dx[T,H] += dgu[T,2F]·W[2F,H]
+  ops_.gemm(G(gate_up), dgu, true, x, false, 1, 1);
+}
+
+void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor losses,
+                          float aux_scale) {
+  const LayerParams& P = layout_.layers[l];
+  const int64_t K = d_.top_k;
+  Tensor ln2 = act(a.ln2, T), logits = act(a.logits, T), probs = act(a.probs, T);
+  Tensor topk_idx = act(a.topk_idx, T), topk_w = act(a.topk_w, T), rlse = act(a.rlse, T);
+  Tensor counts = arena_.tensor(a.counts), offsets = arena_.tensor(a.offsets);
+  Tensor perm_src = act(a.perm_src, T * K), slot_of = act(a.slot_of, T * K);
+  ops_.gemm(logits, ln2, false, W(P.router), true, 1, 0);  // fp32 router logits [T,E]
+  ops_.router_fwd(topk_idx, topk_w, probs, rlse, logits, d_.renormalize);
+  ops_.moe_route_plan(counts, offsets, perm_src, slot_of, topk_idx);
+  float layer_w = aux_scale / float(d_.num_moe_layers());
+  ops_.moe_aux_loss(losses, arena_.tensor(a.aux_grad), probs, rlse, counts, int(K),
+                    float(d_.aux_coef) * layer_w, float(d_.z_coef) * layer_w);
+  Tensor xp = act(a.xp, T * K), gu = act(a.gu, T * K), h = act(a.h, T * K), yp = act(a.yp, T * K);
+  ops_.moe_permute_fwd(xp, ln2, perm_src);
+  ops_.grouped_gemm_fwd(gu, xp, W(P.experts_gate_up), offsets);
+  ops_.swiglu_fwd(h, gu);
+  ops_.grouped_gemm_fwd(yp, h, W(P.experts_down), offsets);
+  ops_.moe_unpermute_fwd(x_out, yp, slot_of, topk_w, /*accumulate=*/true);
+  if (d_.shared_ffn) ffn_fwd(P.shared_gate_up, P.shared_down, a.shared_gu, a.shared_h, ln2, x_out, T);
+}
+
+void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln, float aux_scale) {
+  const LayerParams& P = layout_.layers[l];
+  const int64_t K = d_.top_k;
+  Tensor ln2 = act(a.ln2, T), offsets = arena_.tensor(a.offsets), slot_of = act(a.slot_of, T * K);
+  Tensor topk_w = act(a.topk_w, T);
+  Tensor xp = act(a.xp, T * K), gu = act(a.gu, T * K), h = act(a.h, T * K), yp = act(a.yp, T * K);
+  Tensor dyp = act(s_.dyp, T * K), dh = act(s_.dh, T * K), dgu = act(s_.dgu, T * K);
+  Tensor dxp = act(s_.dxp, T * K), dtopk_w = act(s_.dtopk_w, T);
+  ops_.moe_unpermute_bwd(dyp, dtopk_w, dx, yp, slot_of, topk_w);
+  ops_.grouped_gemm_bwd_data(dh, dyp, W(P.experts_down), offsets);
+  ops_.grouped_gemm_bwd_weight(G(P.experts_down), dyp, h, offsets);
+  ops_.swiglu_bwd(dgu, dh, gu);
+  ops_.grouped_gemm_bwd_data(dxp, dgu, W(P.experts_gate_up), offsets);
+  ops_.grouped_gemm_bwd_weight(G(P.experts_gate_up), dgu, xp, offsets);
+  ops_.moe_permute_bwd(dln, dxp, slot_of, int(K), /*accumulate=*/false);
+  // Router: through the combine weights, the load-balancing loss and the z-loss.
+  Tensor dlogits = act(s_.dlogits, T), dlogits_c = act(s_.dlogits_c, T);
+  float z_scale = float(d_.z_coef) * aux_scale / float(d_.num_moe_layers()) / float(T);
+  ops_.router_bwd(dlogits, dtopk_w, act(a.probs, T), act(a.rlse, T), act(a.topk_idx, T), topk_w,
+                  arena_.tensor(a.aux_grad), z_scale, d_.renormalize);
+  ops_.copy(dlogits_c, dlogits);
+  ops_.gemm(dln, dlogits_c, false, W(P.router), false, 1, 1);  // dln[T,H] += dlogits[T,E]·Wr[E,H]
+  ops_.gemm(G(P.router), dlogits_c, true, ln2, false, 1, 1);
+  if (d_.shared_ffn) ffn_bwd(P.shared_gate_up, P.shared_down, a.shared_gu, a.shared_h, ln2, dx, dln, T);
+}
+
+void Transformer::layer_fwd(int l, const Acts& a, const Batch& b, Tensor x_in, Tensor x_out,
+                            Tensor losses, float aux_scale) {
+  const LayerParams& P = layout_.layers[l];
+  const int64_t T = int64_t(b.batch) * b.seq, D = d_.head_dim, Nq = d_.heads, Nkv = d_.kv_heads;
+  const float eps = float(d_.rms_eps), theta = float(d_.rope_theta);
+  Tensor ln1 = act(a.ln1, T), q_raw = act(a.q_raw, T), k_raw = act(a.k_raw, T);
+  Tensor q = act(a.q, T), k = act(a.k, T), v = act(a.v, T), attn = act(a.attn, T);
+  Tensor x_mid = act(a.x_mid, T), ln2 = act(a.ln2, T);
+  ops_.rmsnorm_fwd(ln1, act(a.rstd1, T), x_in, W(P.ln1), eps);
+  ops_.gemm(q_raw, ln1, false, W(P.q), true, 1, 0);  // [T,Nq·D] = ln1·Wqᵀ
+  ops_.gemm(k_raw, ln1, false, W(P.k), true, 1, 0);
+  ops_.gemm(v, ln1, false, W(P.v), true, 1, 0);
+  if (d_.qk_norm) {
+    ops_.rmsnorm_fwd(q.view({T * Nq, D}), act(a.q_rstd, T * Nq), q_raw.view({T * Nq, D}),
+                     W(P.q_norm), eps);
+    ops_.rmsnorm_fwd(k.view({T * Nkv, D}), act(a.k_rstd, T * Nkv), k_raw.view({T * Nkv, D}),
+                     W(P.k_norm), eps);
+  } else {
+    ops_.copy(q, q_raw);
+    ops_.copy(k, k_raw);
+  }
+  Tensor q3 = q.view({T, Nq, D}), k3 = k.view({T, Nkv, D}), v3 = v.view({T, Nkv, D});
+  ops_.rope_fwd(q3, b.positions, theta);
+  ops_.rope_fwd(k3, b.positions, theta);
+  ops_.attention_fwd(attn.view({T, Nq, D}), act(a.lse, T * Nq).view({b.batch, Nq, b.seq}), q3, k3,
+                     v3, b.batch, float(1.0 / std::sqrt(double(D))));
+  ops_.copy(x_mid, x_in);
+  ops_.gemm(x_mid, attn, false, W(P.o), true, 1, 1);  // x_mid = x_in + attn·Woᵀ
+  ops_.rmsnorm_fwd(ln2, act(a.rstd2, T), x_mid, W(P.ln2), eps);
+  ops_.copy(x_out, x_mid);
+  if (d_.is_moe(l))
+    moe_fwd(l, a, T, x_out, losses, aux_scale);
+  else
+    ffn_fwd(P.ffn_gate_up, P.ffn_down, a.ffn_gu, a.ffn_h, ln2, x_out, T);
+}
+
+void Transformer::layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, Tensor dx,
+                            float aux_scale) {
+  const LayerParams& P = layout_.layers[l];
+  const int64_t T = int64_t(b.batch) * b.seq, D = d_.head_dim, Nq = d_.heads, Nkv = d_.kv_heads;
+  const float theta = float(d_.rope_theta);
+  Tensor dln = act(s_.dln, T);
+  // FFN: dx holds ∂L/∂x_out; dln becomes ∂L/∂ln2, then dx becomes ∂L/∂x_mid.
+  if (d_.is_moe(l)) {
+    moe_bwd(l, a, T, dx, dln, aux_scale);
+  } else {
+    ops_.fill(dln, 0);
+    ffn_bwd(P.ffn_gate_up, P.ffn_down, a.ffn_gu, a.ffn_h, act(a.ln2, T), dx, dln, T);
+  }
+  ops_.rmsnorm_bwd(dx, G(P.ln2), dln, act(a.x_mid, T), W(P.ln2), act(a.rstd2, T), true);
+  // Attention.
+  Tensor attn = act(a.attn, T), dattn = act(s_.dattn, T);
+  Tensor dq = act(s_.dq, T), dk = act(s_.dk, T), dv = act(s_.dv, T);
+  ops_.gemm(dattn, dx, false, W(P.o), false, 1, 0);  // [T,Nq·D] = dx[T,H]·Wo[H,Nq·D]
+  ops_.gemm(G(P.o), dx, true, attn, false, 1, 1);
+  Tensor q3 = act(a.q, T).view({T, Nq, D}), k3 = act(a.k, T).view({T, Nkv, D});
+  ops_.attention_bwd(dq.view({T, Nq, D}), dk.view({T, Nkv, D}), dv.view({T, Nkv, D}),
+                     dattn.view({T, Nq, D}), q3, k3, act(a.v, T).view({T, Nkv, D}),
+                     attn.view({T, Nq, D}), act(a.lse, T * Nq).view({b.batch, Nq, b.seq}),
+                     b.batch, float(1.0 / std::sqrt(double(D))));
+  ops_.rope_bwd(dq.view({T, Nq, D}), b.positions, theta);
+  ops_.rope_bwd(dk.view({T, Nkv, D}), b.positions, theta);
+  Tensor dq_raw = dq, dk_raw = dk;
+  if (d_.qk_norm) {
+    dq_raw = act(s_.dq_raw, T), dk_raw = act(s_.dk_raw, T);
+    ops_.rmsnorm_bwd(dq_raw.view({T * Nq, D}), G(P.q_norm), dq.view({T * Nq, D}),
+                     act(a.q_raw, T).view({T * Nq, D}), W(P.q_norm), act(a.q_rstd, T * Nq), false);
+    ops_.rmsnorm_bwd(dk_raw.view({T * Nkv, D}), G(P.k_norm), dk.view({T * Nkv, D}),
+                     act(a.k_raw, T).view({T * Nkv, D}), W(P.k_norm), act(a.k_rstd, T * Nkv), false);
+  }
+  Tensor ln1 = act(a.ln1, T);
+  ops_.gemm(dln, dq_raw, false, W(P.q), false, 1, 0);  // dln[T,H] = dq·Wq + dk·Wk + dv·Wv
+  ops_.gemm(dln, dk_raw, false, W(P.k), false, 1, 1);
+  ops_.gemm(dln, dv, false, W(P.v), false, 1, 1);
+  ops_.gemm(G(P.q), dq_raw, true, ln1, false, 1, 1);
+  ops_.gemm(G(P.k), dk_raw, true, ln1, false, 1, 1);
+  ops_.gemm(G(P.v), dv, true, ln1, false, 1, 1);
+  ops_.rmsnorm_bwd(dx, G(P.ln1), dln, x_in, W(P.ln1), act(a.rstd1, T), true);
+}
+
+void Transformer::run_forward(const Batch& b, float aux_scale) {
+  const int64_t T = int64_t(b.batch) * b.seq;
+  MOP_CHECK(b.batch <= opt_.max_batch && b.seq <= opt_.max_seq, "micro-batch ", b.batch, "×",
+            b.seq, " exceeds the planned ", opt_.max_batch, "×", opt_.max_seq);
+  MOP_CHECK(b.ids.numel() == T && b.targets.numel() == T && b.positions.numel() == T,
+            "batch tensors must have B·S elements");
+  last_T_ = int(T);
+  Tensor losses = arena_.tensor(s_.losses).rows(1, 3);  // [aux, z]
+  ops_.embedding_fwd(act(xs_[0], T), b.ids, W(layout_.embedding));
+  for (int l = 0; l < d_.layers; ++l)
+    layer_fwd(l, acts(l), b, act(xs_[l], T), act(xs_[l + 1], T), losses, aux_scale);
+  ops_.rmsnorm_fwd(act(s_.xf, T), act(s_.rstd_f, T), act(xs_[d_.layers], T),
+                   W(layout_.final_norm), float(d_.rms_eps));
+  ops_.lmhead_ce_fwd(act(s_.loss_tok, T), act(s_.lse_tok, T), act(s_.xf, T), W(layout_.lm_head),
+                     b.targets, arena_.tensor(s_.lm_ws));
+  Tensor tmp = arena_.tensor(s_.loss_tmp), ce = arena_.tensor(s_.losses).rows(0, 1);
+  ops_.sum(tmp, act(s_.loss_tok, T));
+  ops_.add(ce, ce, tmp);
+}
+
+void Transformer::forward(const Batch& b, float aux_scale) { run_forward(b, aux_scale); }
+
+void Transformer::forward_backward(const Batch& b, float ce_scale, float aux_scale) {
+  run_forward(b, aux_scale);
+  const int64_t T = int64_t(b.batch) * b.seq;
+  Tensor dx = act(s_.dx, T);
+  ops_.lmhead_ce_bwd(act(s_.dxf, T), G(layout_.lm_head), act(s_.xf, T), W(layout_.lm_head),
+                     b.targets, act(s_.lse_tok, T), ce_scale, arena_.tensor(s_.lm_ws));
+  ops_.rmsnorm_bwd(dx, G(layout_.final_norm), act(s_.dxf, T), act(xs_[d_.layers], T),
+                   W(layout_.final_norm), act(s_.rstd_f, T), false);
+  for (int l = int(d_.layers) - 1; l >= 0; --l) {
+    if (opt_.recompute)  // refill the shared activation set; losses go to scratch (counted once)
+      layer_fwd(l, acts(l), b, act(xs_[l], T), act(s_.scratch_out, T),
+                arena_.tensor(s_.scratch_losses), aux_scale);
+    layer_bwd(l, acts(l), b, act(xs_[l], T), dx, aux_scale);
+  }
+  ops_.embedding_bwd(G(layout_.embedding), b.ids, dx);
+}
+
+LossTerms Transformer::take_losses() {
+  Tensor losses = arena_.tensor(s_.losses);
+  double host[3];
+  Tensor h(host, DType::F64, {3});
+  ops_.copy(h, losses);  // CPU backend: direct; CUDA backend: device → host copy (synchronises)
+  ops_.fill(losses, 0);
+  return {host[0], host[1], host[2]};
+}
+
+void Transformer::logits(Tensor out, int row) {
+  MOP_CHECK(row >= 0 && row < last_T_, "logits row ", row, " of ", last_T_);
+  Tensor x = act(s_.xf, last_T_).rows(row, row + 1);
+  ops_.gemm(out.view({1, d_.vocab}), x, false, W(layout_.lm_head), true, 1, 0);
+}
+
+}  // namespace mop

@@ -1,0 +1,96 @@
+// The MoE transformer's forward and backward for one micro-batch, written once against the Ops
+// interface. Layer l reads activations set acts(l): one set per layer, or with recompute a single
+// shared set that is refilled from the saved layer input just before the layer's backward.
+// All buffers come from one arena planned in the constructor (no allocation per step).
+#pragma once
+
+#include <vector>
+
+#include "core/memory.h"
+#include "model/params.h"
+#include "ops/ops.h"
+
+namespace mop {
+
+// One micro-batch: B sequences of S tokens, I32 tensors of B·S on the ops device.
+struct Batch {
+  int batch = 0, seq = 0;
+  Tensor ids, targets /* -1: masked */, positions;
+};
+
+struct LossTerms {
+  double ce_sum = 0;  // Σ cross-entropy over unmasked tokens
+  double aux = 0;     // load-balancing loss, already weighted (coef, 1/MoE layers, aux_scale)
+  double z = 0;       // router z-loss, weighted likewise
+};
+
+struct TransformerOptions {
+  int max_batch = 1, max_seq = 1;
+  bool recompute = false;
+  int64_t lm_head_chunk = 1024;
+};
+
+class Transformer {
+ public:
+  Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops, TransformerOptions options);
+
+  // Planned activation memory (bytes), available before allocate().
+  size_t planned_bytes() const { return arena_.planned_bytes(); }
+  void allocate();
+
+  // Forward and backward of one micro-batch; parameter gradients accumulate (+=) into the store.
+  // Each unmasked token's CE is weighted by ce_scale in the loss (1 / unmasked tokens of the whole
+  // optimizer step); the router losses of this micro-batch by aux_scale (1 / micro-batches).
+  // Loss terms accumulate on the device; read them with take_losses().
+  void forward_backward(const Batch& b, float ce_scale, float aux_scale);
+  void forward(const Batch& b, float aux_scale);
+  LossTerms take_losses();  // returns the sums since the last call and resets them
+
+  // After forward(): logits of token `row` (acc dtype [V]) from the final hidden state.
+  void logits(Tensor out, int row);
+
+ private:
+  // Arena slots (indices) of one layer's activations; -1 where the layer has no such buffer.
+  struct Acts {
+    int ln1, rstd1, q_raw, k_raw, q, k, v, q_rstd, k_rstd, attn, lse, x_mid, ln2, rstd2;
+    int logits = -1, probs = -1, rlse = -1, topk_idx = -1, topk_w = -1, counts = -1, offsets = -1;
+    int perm_src = -1, slot_of = -1, aux_grad = -1, xp = -1, gu = -1, h = -1, yp = -1;
+    int shared_gu = -1, shared_h = -1;  // shared expert
+    int ffn_gu = -1, ffn_h = -1;        // dense FFN layers
+  };
+  // Arena slots of the buffers shared by all layers: gradients flowing backward, the final
+  // norm and loss, and the scratch for recomputation.
+  struct Shared {
+    int dx, dln, dattn, dq, dk, dv, dq_raw, dk_raw, dlogits = -1, dlogits_c = -1, dtopk_w = -1;
+    int dyp = -1, dh = -1, dgu = -1, dxp = -1, dffn_h = -1, dffn_gu = -1;
+    int xf, rstd_f, dxf, loss_tok, lse_tok, lm_ws, losses, loss_tmp, scratch_out, scratch_losses;
+  };
+  Tensor W(int p) const { return params_.weight(p); }
+  Tensor G(int p) const { return params_.grad(p); }
+  Tensor act(int slot, int64_t rows) const;  // the first `rows` rows of a slot
+  Tensor scratch(int slot, std::initializer_list<int64_t> dims) const;  // leading elements, reshaped
+  void layer_fwd(int l, const Acts& a, const Batch& b, Tensor x_in, Tensor x_out, Tensor losses,
+                 float aux_scale);
+  void layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, Tensor dx, float aux_scale);
+  void moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor losses, float aux_scale);
+  void moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln, float aux_scale);
+  void ffn_fwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor x_out, int64_t T);
+  void ffn_bwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor dy, Tensor dx,
+               int64_t T);
+  void run_forward(const Batch& b, float aux_scale);
+  const Acts& acts(int l) const;
+
+  const ModelLayout& layout_;
+  const ModelDims& d_;
+  ParamStore& params_;
+  Ops& ops_;
+  TransformerOptions opt_;
+  DType cdt_, adt_;  // compute and acc dtypes
+  Arena arena_;
+  std::vector<Acts> acts_;
+  std::vector<int> xs_;  // layer inputs x_0..x_L (x_L feeds the final norm)
+  Shared s_{};
+  int last_T_ = 0;
+};
+
+}  // namespace mop
