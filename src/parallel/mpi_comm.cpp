@@ -1,0 +1,126 @@
+// MPI collectives on host tensors. Large messages are split so every count fits MPI's int.
+#include "parallel/mpi_comm.h"
+
+#include <algorithm>
+#include <climits>
+#include <string>
+
+namespace mop {
+namespace {
+
+#define MOP_MPI_CHECK(call)                                                 \
+  do {                                                                      \
+    int mpi_rc_ = (call);                                                   \
+    if (mpi_rc_ != MPI_SUCCESS) {                                           \
+      char msg_[MPI_MAX_ERROR_STRING];                                      \
+      int len_ = 0;                                                         \
+      MPI_Error_string(mpi_rc_, msg_, &len_);                               \
+      MOP_CHECK(false, #call, ": ", std::string(msg_, size_t(len_)));       \
+    }                                                                       \
+  } while (0)
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::F64: return MPI_DOUBLE;
+    case DType::I32: return MPI_INT32_T;
+    case DType::I64: return MPI_INT64_T;
+    case DType::U8: return MPI_UINT8_T;
+    case DType::U16:
+    case DType::BF16: return MPI_UINT16_T;
+    case DType::U32: return MPI_UINT32_T;
+  }
+  return MPI_BYTE;
+}
+
+constexpr int64_t kMaxChunk = INT_MAX / 2;  // elements per MPI call
+
+class MpiComm final : public Comm {
+ public:
+  explicit MpiComm(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "mpi"; }
+
+  void all_reduce_sum(Tensor x) override {
+    host(x);
+    MOP_CHECK(x.dtype == DType::F32 || x.dtype == DType::F64 || x.dtype == DType::I32 ||
+                  x.dtype == DType::I64,
+              "MPI all-reduce of ", dtype_name(x.dtype));
+    char* p = static_cast<char*>(x.data);
+    for (int64_t done = 0; done < x.numel(); done += kMaxChunk) {
+      int n = int(std::min(kMaxChunk, x.numel() - done));
+      MOP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + done * dtype_size(x.dtype), n, mpi_type(x.dtype),
+                                  MPI_SUM, comm_));
+    }
+  }
+
+  void all_gather(Tensor out, const Tensor& in) override {
+    host(out), host(in);
+    MOP_CHECK(out.numel() == in.numel() * size_ && out.dtype == in.dtype, "all_gather sizes");
+    MOP_CHECK(in.numel() <= INT_MAX, "all_gather message too large");
+    MOP_MPI_CHECK(MPI_Allgather(in.data, int(in.numel()), mpi_type(in.dtype), out.data,
+                                int(in.numel()), mpi_type(in.dtype), comm_));
+  }
+
+  void reduce_scatter_sum(Tensor out, const Tensor& in) override {
+    host(out), host(in);
+    MOP_CHECK(in.numel() == out.numel() * size_ && out.dtype == in.dtype, "reduce_scatter sizes");
+    MOP_CHECK(out.numel() <= INT_MAX, "reduce_scatter message too large");
+    MOP_MPI_CHECK(MPI_Reduce_scatter_block(in.data, out.data, int(out.numel()), mpi_type(in.dtype),
+                                           MPI_SUM, comm_));
+  }
+
+  void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts, const Tensor& in,
+                    const std::vector<int64_t>& send_counts) override {
+    host(out), host(in);
+    MOP_CHECK(int(recv_counts.size()) == size_ && int(send_counts.size()) == size_,
+              "all_to_all_v needs one count per rank");
+    // Rows are sent as bytes: any dtype, width taken from the input rows.
+    int64_t row_bytes = in.row_numel() * int64_t(dtype_size(in.dtype));
+    MOP_CHECK(out.row_numel() * int64_t(dtype_size(out.dtype)) == row_bytes, "row widths differ");
+    std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
+    int64_t so = 0, ro = 0;
+    for (int r = 0; r < size_; ++r) {
+      MOP_CHECK(send_counts[r] * row_bytes <= INT_MAX && so * row_bytes <= INT_MAX &&
+                    recv_counts[r] * row_bytes <= INT_MAX && ro * row_bytes <= INT_MAX,
+                "all_to_all_v message too large for MPI int counts");
+      sc[r] = int(send_counts[r] * row_bytes), sd[r] = int(so * row_bytes);
+      rc[r] = int(recv_counts[r] * row_bytes), rd[r] = int(ro * row_bytes);
+      so += send_counts[r], ro += recv_counts[r];
+    }
+    MOP_CHECK(so <= (in.ndim ? in.shape[0] : 1) && ro <= (out.ndim ? out.shape[0] : 1),
+              "all_to_all_v counts exceed the buffers");
+    MOP_MPI_CHECK(MPI_Alltoallv(in.data, sc.data(), sd.data(), MPI_BYTE, out.data, rc.data(),
+                                rd.data(), MPI_BYTE, comm_));
+  }
+
+  void broadcast(Tensor x, int root) override {
+    host(x);
+    MOP_CHECK(x.bytes() <= size_t(INT_MAX), "broadcast message too large");
+    MOP_MPI_CHECK(MPI_Bcast(x.data, int(x.bytes()), MPI_BYTE, root, comm_));
+  }
+
+  void barrier() override { MOP_MPI_CHECK(MPI_Barrier(comm_)); }
+
+  void all_reduce_host(double* values, int n, Op op) override {
+    MPI_Op mop = op == Op::Sum ? MPI_SUM : op == Op::Max ? MPI_MAX : MPI_MIN;
+    MOP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mop, comm_));
+  }
+
+ private:
+  static void host(const Tensor& t) {
+    MOP_CHECK(t.device == Device::CPU, "MpiComm moves host buffers only");
+  }
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_mpi_comm(MPI_Comm comm) { return std::make_unique<MpiComm>(comm); }
+
+}  // namespace mop

@@ -1,0 +1,28 @@
+// World: this process's place in the job (rank, local rank, host) and the world communicator.
+// Under mpirun/srun MPI is initialised; a plain process is rank 0 of 1 without MPI.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "parallel/comm.h"
+
+namespace mop {
+
+struct World {
+  int rank = 0, size = 1;
+  int local_rank = 0, local_size = 1;  // among the ranks on this host
+  std::string host;
+  bool mpi = false;
+  std::unique_ptr<Comm> comm;  // all ranks
+
+  // Initialises MPI when launched by an MPI launcher; sets the error context ("rank R on HOST").
+  static World init(int* argc, char*** argv);
+  // Ends the job: MPI_Finalize on success; on failure of one rank, MPI_Abort brings down the rest
+  // instead of leaving them waiting in a collective.
+  void finalize();
+  [[noreturn]] void abort(int code);
+  bool is_root() const { return rank == 0; }
+};
+
+}  // namespace mop
