@@ -1,3 +1,107 @@
-// mop — command-line entry point.
+// mop — command-line entry point: parses the subcommand, runs it, maps errors to exit codes
+// (0 success, 2 bad input or usage, 1 internal failure; a failing rank of a multi-rank job aborts
+// the whole job).
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
-int main() { std::puts("mop"); return 0; }
+#include <iostream>
+
+#include "config/config.h"
+#include "core/error.h"
+#include "parallel/world.h"
+#include "train/commands.h"
+
+namespace {
+
+constexpr const char* kExamples = R"(
+Examples:
+  mop train --config configs/tiny.yaml
+  mop train --config configs/tiny.yaml --set train.steps=50 --set optim.lr=1e-3
+  mop train --config configs/tiny.yaml --resume auto
+  mop validate --config configs/tiny.yaml --scan-data
+  mop prepare-data --input corpus.txt --output data/corpus --split blank-line
+  mop generate --checkpoint checkpoints/tiny --prompt "In the beginning"
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"mop — Mixture-of-Parallelisms training engine for Mixture-of-Experts models"};
+  app.footer(kExamples);
+  app.set_version_flag("--version", std::string("mop ") + MOP_VERSION);
+  app.require_subcommand(1);
+
+  mop::TrainArgs train;
+  auto* t = app.add_subcommand("train", "Train a model from a YAML config");
+  t->add_option("-c,--config", train.config, "YAML config file")->required();
+  t->add_option("--set", train.overrides, "Override a config key: section.key=value (repeatable)");
+  t->add_option("--resume", train.resume, "auto (latest checkpoint in checkpoint.dir) or a checkpoint path");
+
+  mop::ValidateArgs validate;
+  auto* v = app.add_subcommand("validate", "Check a config: resolved values, parameter counts, memory per rank, data");
+  v->add_option("-c,--config", validate.config, "YAML config file")->required();
+  v->add_option("--set", validate.overrides, "Override a config key: section.key=value (repeatable)");
+  v->add_flag("--scan-data", validate.scan_data, "Check every token of the data against the vocabulary");
+
+  mop::PrepareDataArgs prep;
+  auto* p = app.add_subcommand("prepare-data", "Turn text files into a byte-level token shard (Megatron .bin/.idx)");
+  p->add_option("-i,--input", prep.inputs, "Text files")->required();
+  p->add_option("-o,--output", prep.output, "Output prefix (writes PREFIX.bin and PREFIX.idx)")->required();
+  p->add_option("--split", prep.split, "Documents: file (one per file) or blank-line (blocks between empty lines)")
+      ->check(CLI::IsMember({"file", "blank-line"}));
+
+  mop::GenerateArgs gen;
+  auto* g = app.add_subcommand("generate", "Print a continuation of a prompt from a checkpoint (byte-level models)");
+  g->add_option("--checkpoint", gen.checkpoint, "A step_N checkpoint or a checkpoint directory (its latest)")->required();
+  g->add_option("--prompt", gen.prompt, "Text to continue");
+  g->add_option("-n,--tokens", gen.tokens, "Tokens to generate")->check(CLI::Range(1, 1 << 20));
+  g->add_option("--temperature", gen.temperature, "Sampling temperature; 0: greedy")->check(CLI::Range(0.0, 100.0));
+  g->add_option("--top-k", gen.top_k, "Sample among the k most likely tokens; 0: all")->check(CLI::Range(0, 1 << 30));
+  g->add_option("--seed", gen.seed, "Sampling seed");
+
+  auto* ref = app.add_subcommand("config-reference", "Print the configuration reference (Markdown)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s\nRun 'mop --help' for usage.\n", e.what());
+    return 2;
+  }
+
+  mop::World world;
+  int rc = 0;
+  try {
+    if (*t) {
+      world = mop::World::init(&argc, &argv);
+      rc = mop::cmd_train(train, world);
+    } else if (*v) {
+      rc = mop::cmd_validate(validate);
+    } else if (*p) {
+      rc = mop::cmd_prepare_data(prep);
+    } else if (*g) {
+      rc = mop::cmd_generate(gen);
+    } else if (*ref) {
+      std::fputs(mop::config_reference_markdown().c_str(), stdout);
+    }
+  } catch (const mop::UserError& e) {
+    std::fflush(stdout);
+    std::string who = world.size > 1 ? "[rank " + std::to_string(world.rank) + "] " : "";
+    std::fprintf(stderr, "%serror: %s\n", who.c_str(), e.what());
+    if (world.mpi && world.size > 1) world.abort(2);
+    rc = 2;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "internal error: %s\n", e.what());
+    if (world.mpi && world.size > 1) world.abort(1);
+    rc = 1;
+  }
+  world.finalize();
+  return rc;
+}

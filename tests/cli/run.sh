@@ -1,2 +1,101 @@
 #!/usr/bin/env bash
-exit 0
+# The command-line contract: bad input of every kind exits with code 2 and one clear message;
+# help and version exit 0; a small run trains, checkpoints, resumes and generates.
+# Usage: run.sh path/to/mop path/to/source
+set -u
+mop=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+export OMP_NUM_THREADS=2
+failures=0
+
+# expect CODE SUBSTRING -- ARGS...: runs mop, checks the exit code and that the output contains SUBSTRING.
+expect() {
+  local code=$1 want=$2
+  shift 3
+  local out rc
+  out=$("$mop" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" != "$code" ] || [[ "$out" != *"$want"* ]]; then
+    echo "FAIL: mop $* -> exit $rc (want $code), output:"
+    echo "$out" | head -n 20 | sed 's/^/    /'
+    echo "    (wanted: $want)"
+    failures=$((failures + 1))
+  else
+    echo "ok: mop $* -> $rc"
+  fi
+  # User errors are one line.
+  if [ "$code" = 2 ] && [ "$(echo "$out" | grep -c '^error:')" != 1 ]; then
+    echo "FAIL: mop $*: expected exactly one 'error:' line"
+    failures=$((failures + 1))
+  fi
+}
+
+# A small corpus and a small model.
+for i in $(seq 1 400); do echo "line $i of the corpus: the router sends each token to two experts."; [ $((i % 7)) = 0 ] && echo; done > corpus.txt
+expect 0 "documents" -- prepare-data --input corpus.txt --output data/corpus --split blank-line
+cat > good.yaml <<'EOF'
+model: {vocab_size: 257, hidden_size: 16, num_layers: 2, num_heads: 2, num_kv_heads: 1}
+moe: {num_experts: 4, top_k: 2, expert_ffn: 16}
+data: {paths: [data/corpus], seq_len: 32}
+train: {steps: 4, global_batch_size: 4, micro_batch_size: 2}
+checkpoint: {dir: ckpt, resume: auto}
+log: {interval: 2}
+EOF
+
+# Usage.
+expect 0 "Examples" -- --help
+expect 0 "mop 0." -- --version
+expect 2 "error:" --
+expect 2 "error:" -- frobnicate
+expect 2 "error:" -- train --config good.yaml --bogus-flag
+expect 2 "--config is required" -- train
+
+# Config problems.
+expect 2 "config file missing.yaml not found" -- train --config missing.yaml
+printf 'model:\n  hidden_size: [1, 2\n' > bad_yaml.yaml
+expect 2 "malformed YAML" -- validate --config bad_yaml.yaml
+expect 2 "--set moe.topk: unknown key (did you mean moe.top_k?)" -- validate --config good.yaml --set moe.topk=2
+expect 2 "moe.top_k: 9 exceeds moe.num_experts (4)" -- validate --config good.yaml --set moe.top_k=9
+expect 2 "model.hidden_size: expected an integer, got 'big'" -- validate --config good.yaml --set model.hidden_size=big
+expect 2 "model.num_kv_heads: 3 does not divide model.num_heads (2)" -- validate --config good.yaml --set model.num_kv_heads=3
+expect 2 "model.hidden_size: -1 is out of range" -- validate --config good.yaml --set model.hidden_size=-1
+expect 2 "train.global_batch_size: 3 is not a multiple" -- validate --config good.yaml --set train.global_batch_size=3
+expect 0 "config OK" -- validate --config good.yaml
+expect 0 "active per token" -- validate --config good.yaml
+
+# Data problems.
+expect 2 "data/nothing" -- train --config good.yaml --set 'data.paths=[data/nothing]'
+head -c 100 data/corpus.idx > data/trunc.idx && cp data/corpus.bin data/trunc.bin
+expect 2 "data/trunc.idx" -- train --config good.yaml --set 'data.paths=[data/trunc]'
+printf 'MMIDIDX\x00\x00' > data/magic.idx && head -c 200 /dev/zero >> data/magic.idx && cp data/corpus.bin data/magic.bin
+expect 2 "data/magic.idx" -- train --config good.yaml --set 'data.paths=[data/magic]'
+python3 -c "import struct,sys; sys.stdout.buffer.write(struct.pack('<600H', *([65]*300 + [300] + [66]*299)))" > data/flat.bin
+expect 2 "is outside the vocabulary" -- train --config good.yaml --set 'data.paths=[data/flat.bin]' --set data.format=flat --set data.eos_id=-1
+expect 2 "is outside the vocabulary" -- validate --config good.yaml --set 'data.paths=[data/flat.bin]' --set data.format=flat --set data.eos_id=-1 --scan-data
+head -c 21 data/flat.bin > data/odd.bin
+expect 2 "data/odd.bin" -- train --config good.yaml --set 'data.paths=[data/odd.bin]' --set data.format=flat
+expect 2 "seq_len" -- train --config good.yaml --set data.seq_len=100000
+expect 2 "no training data" -- train --config good.yaml --set 'data.paths=[]'
+expect 2 "corpus-missing.txt" -- prepare-data --input corpus-missing.txt --output data/x
+expect 2 "train.device: cuda" -- train --config good.yaml --set train.device=cuda
+
+# Train, checkpoint, resume, generate.
+expect 0 "done at step 4" -- train --config good.yaml
+test -f ckpt/step_4/manifest.json || { echo "FAIL: no checkpoint written"; failures=$((failures + 1)); }
+expect 2 "nothing to do" -- train --config good.yaml
+expect 0 "resumed from" -- train --config good.yaml --set train.steps=6
+expect 2 "model.hidden_size 16 → 32" -- train --config good.yaml --set train.steps=8 --set model.hidden_size=32
+expect 2 "checkpoint ckpt/step_999: not found" -- train --config good.yaml --set train.steps=8 --resume ckpt/step_999
+mkdir -p ckpt/step_50
+expect 2 "no manifest.json" -- train --config good.yaml --set train.steps=8 --resume ckpt/step_50
+expect 0 "line" -- generate --checkpoint ckpt --prompt "line 1" --tokens 20 --temperature 0
+expect 2 "no checkpoint found" -- generate --checkpoint nowhere --prompt x
+
+if [ "$failures" != 0 ]; then
+  echo "$failures CLI check(s) failed"
+  exit 1
+fi
+echo "all CLI checks passed"

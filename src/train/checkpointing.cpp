@@ -1,0 +1,149 @@
+// Trainer checkpoints (see checkpointing.h): tensors under their checkpoint names as zero-copy
+// views into the flat optimizer buffers, so saving and loading copy nothing but the file bytes.
+#include "train/checkpointing.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/safetensors.h"
+#include "config/schema.h"
+
+namespace mop {
+
+namespace {
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+
+// The fp32 view of checkpoint tensor `v` inside parameter tensor `param` (a flat-buffer slot).
+Tensor hf_slice(const Tensor& param, const HfView& v) {
+  Tensor t(static_cast<char*>(param.data) + size_t(v.offset) * sizeof(float), DType::F32, {});
+  t.ndim = int(v.shape.size());
+  for (int i = 0; i < t.ndim; ++i) t.shape[i] = v.shape[i];
+  return t;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) out.push_back(',');
+    out.append(std::to_string(s[i]));
+  }
+  out.push_back(']');
+  return out;
+}
+
+// Keys under model./moe. whose values differ between two configs: "model.hidden_size 256 → 128".
+std::string shape_key_differences(const Config& saved, const Config& now) {
+  Config a = saved, b = now;
+  auto fa = config_schema(a), fb = config_schema(b);
+  std::string out;
+  for (size_t i = 0; i < fa.size(); ++i) {
+    const auto& f = fa[i];
+    if (f.path.rfind("model.", 0) != 0 && f.path.rfind("moe.", 0) != 0) continue;
+    std::string va, vb;
+    switch (f.kind) {
+      case FieldSpec::Kind::Int:
+        va = std::to_string(*static_cast<int64_t*>(f.ptr)), vb = std::to_string(*static_cast<int64_t*>(fb[i].ptr));
+        break;
+      case FieldSpec::Kind::Bool:
+        va = *static_cast<bool*>(f.ptr) ? "true" : "false", vb = *static_cast<bool*>(fb[i].ptr) ? "true" : "false";
+        break;
+      default: continue;
+    }
+    if (va != vb) out += (out.empty() ? "" : ", ") + f.path + " " + va + " → " + vb;
+  }
+  return out;
+}
+
+void load_tensors(const SafetensorsFile& file, const ModelLayout& layout, const std::string& suffix,
+                  const std::function<Tensor(int)>& param_slot, const std::string& differences) {
+  for (const HfView& v : layout.hf_views()) {
+    std::string name = v.name + suffix;
+    const SafetensorsTensor* t = file.find(name);
+    std::string hint = differences.empty() ? "" : " (the config differs from the checkpoint's: " + differences + ")";
+    MOP_USER_CHECK(t, file.path().string(), ": no tensor '", name, "'", hint);
+    MOP_USER_CHECK(t->dtype == DType::F32, file.path().string(), ": tensor '", name, "' is ",
+                   dtype_name(t->dtype), ", expected f32");
+    MOP_USER_CHECK(t->shape == v.shape, file.path().string(), ": tensor '", name, "' has shape ",
+                   shape_str(t->shape), ", the model expects ", shape_str(v.shape), hint);
+    Tensor dst = hf_slice(param_slot(v.param), v);
+    std::memcpy(dst.data, t->data, t->bytes);
+  }
+}
+
+}  // namespace
+
+std::string save_checkpoint(const Config& cfg, const ParamStore& params, const Optimizer& optim,
+                            const TrainerState& state, World& world) {
+  std::string saved;
+  if (world.is_root()) {
+    const ModelLayout& layout = params.layout();
+    CheckpointWriter w = CheckpointWriter::begin(cfg.checkpoint.dir, state.step);
+    std::vector<SafetensorsEntry> model, moments;
+    for (const HfView& v : layout.hf_views()) {
+      model.push_back({v.name, hf_slice(optim.master(v.param), v)});
+      moments.push_back({v.name + ".exp_avg", hf_slice(optim.exp_avg(v.param), v)});
+      moments.push_back({v.name + ".exp_avg_sq", hf_slice(optim.exp_avg_sq(v.param), v)});
+    }
+    SafetensorsMetadata meta{{"format", "pt"}, {"producer", "mop " MOP_VERSION}};
+    w.add_file(kModelFile, write_safetensors(w.file(kModelFile), model, meta));
+    w.add_file(kOptimizerFile, write_safetensors(w.file(kOptimizerFile), moments, meta));
+    Manifest m;
+    m.step = state.step;
+    m.config = dump_config(cfg);
+    m.state["consumed_samples"] = state.consumed_samples;
+    m.state["optimizer_updates"] = state.optimizer_updates;
+    m.state["seed"] = state.seed;
+    m.state["data_fingerprint"] = state.data_fingerprint;
+    m.state["world_size"] = world.size;
+    saved = w.commit(std::move(m)).string();
+    for (const auto& gone : prune_checkpoints(cfg.checkpoint.dir, int(cfg.checkpoint.keep_last)))
+      spdlog::debug("removed old checkpoint {}", gone.string());
+  }
+  world.comm->barrier();
+  return saved;
+}
+
+std::optional<std::string> resolve_resume_dir(const Config& cfg) {
+  const std::string& mode = cfg.checkpoint.resume;
+  if (mode == "none") return std::nullopt;
+  auto dir = mode == "auto" ? resolve_resume(cfg.checkpoint.dir, ResumeMode::Auto)
+                            : resolve_resume(mode, ResumeMode::Path);
+  if (!dir) return std::nullopt;
+  return dir->string();
+}
+
+Config checkpoint_config(const std::string& dir) {
+  Manifest m = read_manifest(dir);
+  return load_config_text(m.config, {}, dir + "/manifest.json config");
+}
+
+TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const ParamStore& params,
+                             Optimizer& optim, bool optim_state) {
+  Manifest m = verify_checkpoint(dir);
+  std::string where = dir + "/manifest.json";
+  Config saved = load_config_text(m.config, {}, where + " config");
+  std::string differences = shape_key_differences(saved, cfg);
+  const ModelLayout& layout = params.layout();
+  load_tensors(SafetensorsFile(std::filesystem::path(dir) / kModelFile), layout, "",
+               [&](int p) { return optim.master(p); }, differences);
+  TrainerState st;
+  st.step = m.step;
+  st.consumed_samples = m.state.at("consumed_samples", where).as_int64(where + ": consumed_samples");
+  st.optimizer_updates = m.state.at("optimizer_updates", where).as_int64(where + ": optimizer_updates");
+  st.seed = m.state.at("seed", where).as_uint64(where + ": seed");
+  st.data_fingerprint = m.state.at("data_fingerprint", where).as_uint64(where + ": data_fingerprint");
+  if (optim_state) {
+    SafetensorsFile f(std::filesystem::path(dir) / kOptimizerFile);
+    load_tensors(f, layout, ".exp_avg", [&](int p) { return optim.exp_avg(p); }, differences);
+    load_tensors(f, layout, ".exp_avg_sq", [&](int p) { return optim.exp_avg_sq(p); }, differences);
+    optim.set_updates(st.optimizer_updates);
+  }
+  optim.sync_weights();
+  return st;
+}
+
+}  // namespace mop

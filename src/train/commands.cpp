@@ -1,0 +1,178 @@
+// The subcommands: train, validate, prepare-data, generate.
+#include "train/commands.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+
+#include "config/config.h"
+#include "core/rng.h"
+#include "data/loader.h"
+#include "data/prepare_data.h"
+#include "train/checkpointing.h"
+#include "train/trainer.h"
+
+namespace mop {
+
+namespace {
+
+std::string human_count(double n) {
+  char buf[32];
+  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", n / 1e9);
+  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
+  else if (n >= 1e3) std::snprintf(buf, sizeof buf, "%.1fK", n / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", n);
+  return buf;
+}
+
+}  // namespace
+
+int cmd_train(const TrainArgs& args, World& world) {
+  std::vector<std::string> overrides = args.overrides;
+  if (!args.resume.empty()) overrides.push_back("checkpoint.resume=" + args.resume);
+  Config cfg = load_config(args.config, overrides);
+  setup_logging(cfg.log, world.rank, world.size);
+  spdlog::info("mop {} | {} rank(s) | config {}", MOP_VERSION, world.size, args.config);
+  spdlog::debug("resolved config:\n{}", dump_config(cfg));
+  if (world.is_root()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.checkpoint.dir, ec);
+    MOP_USER_CHECK(!ec, "checkpoint.dir: cannot create ", cfg.checkpoint.dir, ": ", ec.message());
+    std::ofstream(cfg.checkpoint.dir + "/config.resolved.yaml") << dump_config(cfg);
+  }
+  spdlog::info("resolved config written to {}/config.resolved.yaml", cfg.checkpoint.dir);
+  Trainer trainer(std::move(cfg), world);
+  trainer.run();
+  spdlog::info("done at step {}", trainer.step());
+  return 0;
+}
+
+int cmd_validate(const ValidateArgs& args) {
+  Config cfg = load_config(args.config, args.overrides);
+  int world = int(cfg.parallel.attention.cp * cfg.parallel.attention.dp);
+  validate_parallel(cfg, world);
+  RunPlacement placement = resolve_placement(cfg);
+  ModelLayout layout = ModelLayout::build(ModelDims::from(cfg));
+  MemoryEstimate mem = estimate_memory(cfg, placement);
+  std::printf("# resolved configuration\n%s\n", dump_config(cfg).c_str());
+  std::printf("parameters: %s total, %s active per token (excluding the embedding table)\n",
+              human_count(double(layout.num_params())).c_str(),
+              human_count(double(layout.num_active_params())).c_str());
+  std::printf("ranks: %d (attention cp %lld × dp %lld, moe ep %lld × dp %lld); step on %s\n", world,
+              (long long)cfg.parallel.attention.cp, (long long)cfg.parallel.attention.dp,
+              (long long)cfg.parallel.moe.ep, (long long)cfg.parallel.moe.dp,
+              placement.describe().c_str());
+  std::printf("estimated memory per rank: %s (weights %s, gradients %s, optimizer state %s, "
+              "activations %s)\n",
+              format_bytes(double(mem.total())).c_str(), format_bytes(double(mem.weights)).c_str(),
+              format_bytes(double(mem.grads)).c_str(), format_bytes(double(mem.optimizer)).c_str(),
+              format_bytes(double(mem.activations)).c_str());
+  if (cfg.data.paths.empty()) {
+    std::printf("data: none given (data.paths)\n");
+  } else {
+    TokenLoader loader(make_loader_options(cfg));
+    std::printf("data: %s\n", loader.summary().c_str());
+    if (args.scan_data) {
+      loader.validate_all_tokens();
+      std::printf("data: every token is inside the vocabulary (%lld)\n",
+                  (long long)cfg.model.vocab_size);
+    }
+  }
+  std::printf("config OK\n");
+  return 0;
+}
+
+int cmd_prepare_data(const PrepareDataArgs& args) {
+  PrepareDataOptions o;
+  o.inputs = args.inputs;
+  o.output = args.output;
+  o.split = parse_doc_split(args.split);
+  PrepareDataStats st = prepare_data(o);
+  std::printf("wrote %s and %s: %lld documents, %lld tokens (byte-level, vocab %d, eos %d) from "
+              "%lld input bytes\n",
+              st.bin_path.c_str(), st.idx_path.c_str(), (long long)st.num_documents,
+              (long long)st.num_tokens, kByteVocabSize, kByteEosId, (long long)st.num_input_bytes);
+  return 0;
+}
+
+int cmd_generate(const GenerateArgs& args) {
+  namespace fs = std::filesystem;
+  std::string dir = args.checkpoint;
+  if (!fs::exists(fs::path(dir) / "manifest.json")) {
+    Config probe;
+    probe.checkpoint.dir = dir;
+    probe.checkpoint.resume = "auto";
+    auto found = resolve_resume_dir(probe);
+    MOP_USER_CHECK(found.has_value(), "--checkpoint ", dir, ": no checkpoint found there");
+    dir = *found;
+  }
+  Config cfg = checkpoint_config(dir);
+  MOP_USER_CHECK(cfg.model.vocab_size >= kByteVocabSize && cfg.data.eos_id == kByteEosId,
+                 "mop generate decodes byte-level models (vocab ≥ 257, eos 256); this checkpoint's "
+                 "vocab_size is ", cfg.model.vocab_size);
+  cfg.train.device = "cpu";
+  cfg.train.precision = "fp32";
+  RunPlacement placement = resolve_placement(cfg);
+  auto ops = make_ops(placement);
+  ModelLayout layout = ModelLayout::build(ModelDims::from(cfg));
+  ParamStore params(layout, placement.compute, placement.grad, MemKind::Host);
+  Optimizer optim(cfg.optim, params, *ops, MemKind::Host);
+  load_checkpoint(dir, cfg, params, optim, /*optim_state=*/false);
+  const int S = int(cfg.data.seq_len);
+  TransformerOptions topt;
+  topt.max_batch = 1;
+  topt.max_seq = S;
+  Transformer model(layout, params, *ops, topt);
+  model.allocate();
+
+  std::vector<int32_t> context(args.prompt.begin(), args.prompt.end());
+  for (auto& c : context) c = int32_t(uint8_t(c));
+  if (context.empty()) context.push_back(int32_t('\n'));
+  std::vector<int32_t> ids(S), targets(S, -1), pos(S);
+  std::iota(pos.begin(), pos.end(), 0);
+  std::vector<float> logits(size_t(cfg.model.vocab_size));
+  std::fputs(args.prompt.c_str(), stdout);
+  for (int n = 0; n < args.tokens; ++n) {
+    // Causal attention: positions after the context do not influence it, so the window is padded.
+    int len = std::min<int>(int(context.size()), S);
+    std::fill(ids.begin(), ids.end(), 0);
+    std::copy(context.end() - len, context.end(), ids.begin());
+    Batch b{1, S, Tensor(ids.data(), DType::I32, {S}), Tensor(targets.data(), DType::I32, {S}),
+            Tensor(pos.data(), DType::I32, {S})};
+    model.forward(b, 0.0f);
+    model.take_losses();
+    model.logits(Tensor(logits.data(), DType::F32, {cfg.model.vocab_size}), len - 1);
+    // Temperature and top-k sampling; temperature 0 is greedy.
+    int V = int(cfg.model.vocab_size);
+    std::vector<int> order(V);
+    std::iota(order.begin(), order.end(), 0);
+    int k = args.top_k > 0 ? std::min(args.top_k, V) : V;
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int a, int c) { return logits[a] > logits[c]; });
+    int next = order[0];
+    if (args.temperature > 0) {
+      std::vector<double> p(k);
+      double z = 0;
+      for (int i = 0; i < k; ++i) z += p[i] = std::exp((logits[order[i]] - logits[order[0]]) / args.temperature);
+      double u = double(philox_u64(args.seed, 11, uint64_t(n)) >> 11) / 9007199254740992.0 * z;
+      for (int i = 0; i < k; ++i) {
+        if ((u -= p[i]) <= 0) {
+          next = order[i];
+          break;
+        }
+      }
+    }
+    if (next == kByteEosId) break;
+    context.push_back(next);
+    if (next < 256) std::fputc(next, stdout);
+    std::fflush(stdout);
+  }
+  std::fputc('\n', stdout);
+  return 0;
+}
+
+}  // namespace mop

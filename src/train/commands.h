@@ -1,0 +1,43 @@
+// The `mop` subcommands, called by main() after argument parsing. Each returns the exit code;
+// user errors propagate as UserError (main prints them and exits 2).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "parallel/world.h"
+
+namespace mop {
+
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string resume;  // empty: checkpoint.resume from the config
+};
+int cmd_train(const TrainArgs& args, World& world);
+
+struct ValidateArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  bool scan_data = false;  // check every token against the vocabulary
+};
+int cmd_validate(const ValidateArgs& args);
+
+struct PrepareDataArgs {
+  std::vector<std::string> inputs;
+  std::string output;
+  std::string split = "file";
+};
+int cmd_prepare_data(const PrepareDataArgs& args);
+
+struct GenerateArgs {
+  std::string checkpoint;  // a step_N directory, or a checkpoint.dir (its latest)
+  std::string prompt;
+  int tokens = 200;
+  double temperature = 0.8;
+  int top_k = 40;
+  uint64_t seed = 0;
+};
+int cmd_generate(const GenerateArgs& args);
+
+}  // namespace mop

@@ -1,0 +1,102 @@
+// Log lines and the JSON-lines metrics file.
+#include "train/metrics.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <sstream>
+#include <vector>
+
+#include "ckpt/json.h"
+#include "core/error.h"
+
+namespace mop {
+
+namespace {
+
+std::string format_duration(double seconds) {
+  int64_t s = int64_t(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(s / 3600), (long long)(s % 3600 / 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(s / 60), (long long)(s % 60));
+  return buf;
+}
+
+// Keeps the lines of steps ≤ resume_step (a resumed run rewrites the rest).
+void truncate_after(const std::string& path, int64_t resume_step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::vector<std::string> keep;
+  for (std::string line; std::getline(in, line);) {
+    auto pos = line.find("\"step\":");
+    if (pos == std::string::npos) continue;
+    if (std::stoll(line.substr(pos + 7)) <= resume_step) keep.push_back(line);
+  }
+  in.close();
+  std::ofstream out(path, std::ios::trunc);
+  for (const auto& l : keep) out << l << "\n";
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& path, int64_t total_steps, int64_t interval, bool write,
+                       int64_t resume_step)
+    : total_steps_(total_steps), interval_(interval), write_(write) {
+  if (!write_ || path.empty()) return;
+  std::filesystem::path p(path);
+  std::error_code ec;
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
+  if (resume_step > 0)
+    truncate_after(path, resume_step);
+  file_.open(path, resume_step > 0 ? std::ios::app : std::ios::trunc);
+  MOP_USER_CHECK(file_.good(), "log.metrics_file: cannot write ", path);
+}
+
+void MetricsLog::record(const StepMetrics& m) {
+  if (!write_) return;
+  avg_step_seconds_ = avg_step_seconds_ == 0 ? m.step_seconds : 0.9 * avg_step_seconds_ + 0.1 * m.step_seconds;
+  interval_seconds_ += m.step_seconds;
+  interval_steps_ += 1;
+  interval_tokens_ += m.tokens;
+  if (file_.is_open()) {
+    Json j = Json::object();
+    j["step"] = m.step;
+    j["loss"] = m.loss;
+    j["aux_loss"] = m.aux_loss;
+    j["z_loss"] = m.z_loss;
+    j["lr"] = m.lr;
+    j["grad_norm"] = std::isfinite(m.grad_norm) ? Json(m.grad_norm) : Json(nullptr);
+    j["step_seconds"] = m.step_seconds;
+    j["tokens"] = m.tokens;
+    if (m.skipped) j["skipped"] = true;
+    if (m.val_loss >= 0) j["val_loss"] = m.val_loss;
+    file_ << j.dump() << "\n";
+    file_.flush();
+  }
+  bool last = m.step == total_steps_;
+  if (m.step % interval_ == 0 || last || m.val_loss >= 0) {
+    double tok_s = interval_tokens_ / std::max(interval_seconds_, 1e-9);
+    double eta = avg_step_seconds_ * double(total_steps_ - m.step);
+    spdlog::info("step {:>6}/{} | loss {:.4f} | aux {:.2e} | lr {:.3e} | grad {:.3f} | {:.0f} tok/s | {:.0f} ms/step | eta {}{}{}",
+                 m.step, total_steps_, m.loss, m.aux_loss + m.z_loss, m.lr, m.grad_norm, tok_s,
+                 1000.0 * interval_seconds_ / double(interval_steps_), format_duration(eta),
+                 m.val_loss >= 0 ? fmt::format(" | val {:.4f}", m.val_loss) : std::string(),
+                 m.skipped ? " | SKIPPED" : "");
+    interval_seconds_ = 0;
+    interval_steps_ = interval_tokens_ = 0;
+  }
+}
+
+void setup_logging(const LogConfig& cfg, int rank, int world_size) {
+  auto logger = spdlog::stdout_color_mt("mop" + std::to_string(rank));
+  spdlog::set_default_logger(logger);
+  std::string prefix = world_size > 1 ? fmt::format("[rank {}] ", rank) : "";
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S] " + prefix + "%^%l%$ %v");
+  spdlog::set_level(spdlog::level::from_str(cfg.level));
+  if (rank != 0 && !cfg.all_ranks) spdlog::set_level(spdlog::level::warn);
+}
+
+}  // namespace mop

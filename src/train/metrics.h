@@ -1,0 +1,44 @@
+// Step metrics: the per-interval log line (spdlog, rank 0 unless log.all_ranks) and the same
+// values for every step as JSON lines in the metrics file (losses at full precision, so runs can
+// be compared bit for bit).
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "config/config.h"
+
+namespace mop {
+
+struct StepMetrics {
+  int64_t step = 0;  // 1-based: the step just completed
+  double loss = 0, aux_loss = 0, z_loss = 0;
+  double lr = 0, grad_norm = 0;
+  double step_seconds = 0;
+  int64_t tokens = 0;  // tokens processed by the step, all ranks
+  bool skipped = false;
+  double val_loss = -1;  // < 0: not evaluated this step
+};
+
+class MetricsLog {
+ public:
+  // `path` empty: no file. Appends when resuming (resume_step > 0), dropping lines of steps after
+  // resume_step left by a run that died after its last checkpoint.
+  MetricsLog(const std::string& path, int64_t total_steps, int64_t interval, bool write,
+             int64_t resume_step);
+  void record(const StepMetrics& m);
+
+ private:
+  std::ofstream file_;
+  int64_t total_steps_, interval_;
+  bool write_;
+  double interval_seconds_ = 0;
+  int64_t interval_steps_ = 0, interval_tokens_ = 0;
+  double avg_step_seconds_ = 0;  // exponential moving average for the ETA
+};
+
+// spdlog setup: level and rank prefix; rank > 0 is silent unless all_ranks.
+void setup_logging(const LogConfig& cfg, int rank, int world_size);
+
+}  // namespace mop

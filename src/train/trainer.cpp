@@ -1,0 +1,303 @@
+// The training loop (see trainer.h). Samples of optimizer step s: global samples
+// [s·G, (s+1)·G) of the loader; data-parallel rank r takes micro-batch m's samples
+// s·G + (m·dp + r)·b … +b. Each token's cross-entropy is weighted by 1 / (unmasked targets of the
+// whole step over all ranks), so gradient accumulation and data parallelism give the same
+// gradient as one big batch.
+#include "train/trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+
+#include "core/error.h"
+#include "optim/schedule.h"
+#include "train/checkpointing.h"
+
+namespace mop {
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::string RunPlacement::describe() const {
+  return std::string(device_name(device)) + ", " + std::string(dtype_name(compute)) +
+         " compute, " + std::string(dtype_name(grad)) + " gradients";
+}
+
+RunPlacement resolve_placement(const Config& cfg) {
+  RunPlacement p;
+  const auto& t = cfg.train;
+  bool want_cuda = t.device == "cuda";
+#ifdef MOP_HAVE_CUDA
+  // The CUDA backend lands with the one-GPU issue; until then every run uses the CPU reference.
+  MOP_USER_CHECK(!want_cuda, "train.device: cuda is not supported by this version of mop yet; use cpu");
+#else
+  MOP_USER_CHECK(!want_cuda, "train.device: cuda, but this mop was built without CUDA (MOP_CUDA=OFF)");
+#endif
+  p.device = Device::CPU;
+  MOP_USER_CHECK(t.precision != "bf16", "train.precision: bf16 needs train.device: cuda; the CPU "
+                 "backend runs fp32 or fp64");
+  p.compute = t.precision == "fp64" ? DType::F64 : DType::F32;
+  p.grad = p.compute;
+  return p;
+}
+
+TokenLoaderOptions make_loader_options(const Config& cfg) {
+  TokenLoaderOptions lo;
+  lo.paths = cfg.data.paths;
+  lo.format = cfg.data.format;
+  lo.flat_dtype = cfg.data.flat_dtype;
+  lo.eos_id = cfg.data.eos_id;
+  lo.vocab_size = cfg.model.vocab_size;
+  lo.seq_len = int(cfg.data.seq_len);
+  lo.seed = uint64_t(cfg.train.seed);
+  lo.eod_mask_loss = cfg.data.eod_mask_loss;
+  lo.reset_position_ids = cfg.data.reset_position_ids;
+  lo.valid_fraction = cfg.data.valid_fraction;
+  return lo;
+}
+
+std::unique_ptr<Ops> make_ops(const RunPlacement& placement) {
+  MOP_CHECK(placement.device == Device::CPU, "no backend for ", device_name(placement.device));
+  return make_cpu_ops();
+}
+
+MemoryEstimate estimate_memory(const Config& cfg, const RunPlacement& placement) {
+  ModelLayout layout = ModelLayout::build(ModelDims::from(cfg));
+  MemoryEstimate m;
+  int64_t elems = 0;
+  for (const auto& p : layout.params) elems += (p.numel() + kParamAlign - 1) / kParamAlign * kParamAlign;
+  m.weights = size_t(elems) * dtype_size(placement.compute);
+  m.grads = size_t(elems) * dtype_size(placement.grad);
+  m.optimizer = size_t(elems) * 3 * sizeof(float);
+  // The activation plan without allocating it: a store with no memory is enough to plan.
+  TransformerOptions topt;
+  topt.max_batch = int(cfg.train.micro_batch_size);
+  topt.max_seq = int(cfg.data.seq_len);
+  topt.recompute = cfg.train.recompute;
+  topt.lm_head_chunk = cfg.train.lm_head_chunk;
+  ParamStore shapes_only(layout, placement.compute, placement.grad, MemKind::Host, /*allocate=*/false);
+  auto ops = make_cpu_ops();
+  Transformer plan(layout, shapes_only, *ops, topt);
+  m.activations = plan.planned_bytes();
+  return m;
+}
+
+Trainer::Trainer(Config cfg, World& world) : cfg_(std::move(cfg)), world_(world) { build(); }
+
+Trainer::~Trainer() = default;
+
+void Trainer::build() {
+  validate_parallel(cfg_, world_.size);
+  MOP_USER_CHECK(world_.size == 1, "multi-rank training lands with the distributed issue; run "
+                 "one rank for now (got ", world_.size, ")");
+  MOP_USER_CHECK(!cfg_.data.paths.empty(), "data.paths: no training data given");
+  MOP_USER_CHECK(world_.comm->all_equal(dump_config(cfg_)),
+                 "the ranks were started with different configurations");
+  dp_size_ = int(cfg_.parallel.attention.dp);
+  dp_rank_ = world_.rank % dp_size_;
+  micro_batches_ = int(cfg_.train.global_batch_size / (cfg_.train.micro_batch_size * dp_size_));
+
+  // 1. Backend. 2. Layout, parameters, optimizer state.
+  placement_ = resolve_placement(cfg_);
+  ops_ = make_ops(placement_);
+  layout_ = ModelLayout::build(ModelDims::from(cfg_));
+  MemKind mem = placement_.device == Device::CUDA ? MemKind::Device : MemKind::Host;
+  params_ = std::make_unique<ParamStore>(layout_, placement_.compute, placement_.grad, mem);
+  optim_ = std::make_unique<Optimizer>(cfg_.optim, *params_, *ops_, MemKind::Host);
+
+  // 3. Data.
+  loader_ = std::make_unique<TokenLoader>(make_loader_options(cfg_));
+  MOP_USER_CHECK(cfg_.train.eval_interval == 0 || loader_->num_valid_windows() > 0,
+                 "train.eval_interval: ", cfg_.train.eval_interval,
+                 " needs held-out data; set data.valid_fraction > 0");
+
+  // 4. Activations, planned then allocated once.
+  TransformerOptions topt;
+  topt.max_batch = int(cfg_.train.micro_batch_size);
+  topt.max_seq = int(cfg_.data.seq_len);
+  topt.recompute = cfg_.train.recompute;
+  topt.lm_head_chunk = cfg_.train.lm_head_chunk;
+  model_ = std::make_unique<Transformer>(layout_, *params_, *ops_, topt);
+  model_->allocate();
+  size_t tokens = size_t(micro_batches_) * size_t(cfg_.train.micro_batch_size) * size_t(cfg_.data.seq_len);
+  ids_.assign(tokens, 0), targets_.assign(tokens, 0), positions_.assign(tokens, 0);
+
+  // 5. Weights.
+  resume_or_init();
+
+  size_t weights = size_t(params_->total_elements()) * (dtype_size(placement_.compute) + dtype_size(placement_.grad));
+  spdlog::info("model: {} layers, {:.2f}M parameters ({:.2f}M active per token) | {} | data: {}",
+               cfg_.model.num_layers, layout_.num_params() / 1e6, layout_.num_active_params() / 1e6,
+               placement_.describe(), loader_->summary());
+  spdlog::info("memory per rank: weights+grads {}, optimizer state {}, activations {} | batch: {} "
+               "sequences × {} tokens per step, {} micro-batch(es) of {} per rank",
+               format_bytes(double(weights)), format_bytes(double(optim_->state_bytes())),
+               format_bytes(double(model_->planned_bytes())), cfg_.train.global_batch_size,
+               cfg_.data.seq_len, micro_batches_, cfg_.train.micro_batch_size);
+  std::string metrics_path = cfg_.log.metrics_file.empty()
+                                 ? cfg_.checkpoint.dir + "/metrics.jsonl"
+                                 : cfg_.log.metrics_file;
+  metrics_ = std::make_unique<MetricsLog>(metrics_path, cfg_.train.steps, cfg_.log.interval,
+                                          world_.is_root(), step_);
+}
+
+void Trainer::resume_or_init() {
+  std::optional<std::string> dir = resolve_resume_dir(cfg_);
+  if (!dir) {
+    optim_->init_weights(uint64_t(cfg_.train.seed));
+    return;
+  }
+  TrainerState st = load_checkpoint(*dir, cfg_, *params_, *optim_, /*optim_state=*/true);
+  MOP_USER_CHECK(st.step < cfg_.train.steps, "checkpoint ", *dir, " is at step ", st.step,
+                 ", which is not before train.steps (", cfg_.train.steps, "); nothing to do. "
+                 "Raise train.steps to continue training");
+  if (st.data_fingerprint != loader_->fingerprint())
+    spdlog::warn("resuming from {}: the data, seq_len, seed or split differ from the checkpoint's; "
+                 "the data order will not continue where it stopped", *dir);
+  if (st.seed != uint64_t(cfg_.train.seed))
+    spdlog::warn("resuming from {}: train.seed differs from the checkpoint's ({})", *dir, st.seed);
+  step_ = st.step;
+  consumed_samples_ = st.consumed_samples;
+  last_saved_step_ = step_;
+  spdlog::info("resumed from {} at step {} ({} samples consumed)", *dir, step_, consumed_samples_);
+}
+
+void Trainer::fill_step_batches() {
+  const int64_t b = cfg_.train.micro_batch_size, S = cfg_.data.seq_len;
+  int64_t valid = 0;
+  for (int m = 0; m < micro_batches_; ++m) {
+    int64_t first = consumed_samples_ + (int64_t(m) * dp_size_ + dp_rank_) * b;
+    size_t off = size_t(m) * size_t(b * S);
+    valid += loader_->fill(first, int(b), ids_.data() + off, targets_.data() + off,
+                           positions_.data() + off);
+  }
+  step_valid_tokens_ = int64_t(world_.comm->all_reduce_host(double(valid), Comm::Op::Sum));
+}
+
+Batch Trainer::micro_batch(int m) {
+  const int64_t b = cfg_.train.micro_batch_size, S = cfg_.data.seq_len, T = b * S;
+  size_t off = size_t(m) * size_t(T);
+  Batch batch;
+  batch.batch = int(b);
+  batch.seq = int(S);
+  batch.ids = Tensor(ids_.data() + off, DType::I32, {T});
+  batch.targets = Tensor(targets_.data() + off, DType::I32, {T});
+  batch.positions = Tensor(positions_.data() + off, DType::I32, {T});
+  return batch;
+}
+
+void Trainer::train_step(StepMetrics& sm) {
+  double t0 = now_seconds();
+  double lr = learning_rate(cfg_.optim, step_, cfg_.train.steps);
+  fill_step_batches();
+  float ce_scale = step_valid_tokens_ > 0 ? float(1.0 / double(step_valid_tokens_)) : 0.0f;
+  if (step_valid_tokens_ == 0)
+    spdlog::warn("step {}: every target of the step is masked; only the router losses train",
+                 step_ + 1);
+  ops_->fill(params_->grads_flat(), 0);
+  for (int m = 0; m < micro_batches_; ++m)
+    model_->forward_backward(micro_batch(m), ce_scale, 1.0f / float(micro_batches_));
+  LossTerms lt = model_->take_losses();
+  double sums[3] = {lt.ce_sum, lt.aux, lt.z};
+  world_.comm->all_reduce_host(sums, 3, Comm::Op::Sum);
+  world_.comm->all_reduce_sum(params_->grads_flat());
+  sm.loss = step_valid_tokens_ > 0 ? sums[0] / double(step_valid_tokens_) : 0.0;
+  sm.aux_loss = sums[1] / dp_size_;
+  sm.z_loss = sums[2] / dp_size_;
+  sm.lr = lr;
+  sm.tokens = cfg_.train.global_batch_size * cfg_.data.seq_len;
+
+  std::string bad;
+  StepReport rep;
+  if (!std::isfinite(sm.loss) || !std::isfinite(sm.aux_loss) || !std::isfinite(sm.z_loss)) {
+    bad = "the loss is " + std::to_string(sm.loss);
+  } else {
+    rep = optim_->step(float(lr));
+    sm.grad_norm = rep.grad_norm;
+    if (!rep.applied) bad = "non-finite gradient in " + rep.nonfinite_param;
+  }
+  if (!bad.empty()) {
+    MOP_USER_CHECK(cfg_.train.on_nonfinite != "abort", "step ", step_ + 1, ": ", bad,
+                   " (train.on_nonfinite: abort)");
+    spdlog::warn("step {}: {}; skipping the step (train.on_nonfinite: skip)", step_ + 1, bad);
+    sm.skipped = true;
+  }
+  consumed_samples_ += cfg_.train.global_batch_size;
+  ++step_;
+  sm.step = step_;
+  sm.step_seconds = now_seconds() - t0;
+}
+
+double Trainer::evaluate() {
+  const int64_t b = cfg_.train.micro_batch_size;
+  double ce = 0, valid = 0;
+  for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
+    int64_t first = (i * dp_size_ + dp_rank_) * b;
+    valid += double(loader_->fill_valid(first, int(b), ids_.data(), targets_.data(), positions_.data()));
+    model_->forward(micro_batch(0), 0.0f);
+    ce += model_->take_losses().ce_sum;
+  }
+  double sums[2] = {ce, valid};
+  world_.comm->all_reduce_host(sums, 2, Comm::Op::Sum);
+  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+}
+
+void Trainer::save_checkpoint() {
+  TrainerState st;
+  st.step = step_;
+  st.consumed_samples = consumed_samples_;
+  st.optimizer_updates = optim_->updates();
+  st.seed = uint64_t(cfg_.train.seed);
+  st.data_fingerprint = loader_->fingerprint();
+  std::string dir = mop::save_checkpoint(cfg_, *params_, *optim_, st, world_);
+  last_saved_step_ = step_;
+  spdlog::info("saved checkpoint {}", dir);
+}
+
+bool Trainer::stop_requested() {
+  double sig = double(g_stop_signal.load());
+  return world_.comm->all_reduce_host(sig, Comm::Op::Max) != 0;
+}
+
+void Trainer::run() {
+  auto prev_term = std::signal(SIGTERM, on_stop_signal);
+  auto prev_int = std::signal(SIGINT, on_stop_signal);
+  spdlog::info("training steps {} → {}", step_ + 1, cfg_.train.steps);
+  while (step_ < cfg_.train.steps) {
+    StepMetrics sm;
+    train_step(sm);
+    if (cfg_.train.eval_interval > 0 &&
+        (step_ % cfg_.train.eval_interval == 0 || step_ == cfg_.train.steps))
+      sm.val_loss = evaluate();
+    metrics_->record(sm);
+    if (cfg_.checkpoint.interval > 0 && step_ % cfg_.checkpoint.interval == 0) save_checkpoint();
+    if (stop_requested()) {
+      spdlog::warn("stop requested by signal; checkpointing at step {} and exiting", step_);
+      if (last_saved_step_ != step_) save_checkpoint();
+      break;
+    }
+    if (cfg_.train.exit_interval > 0 && step_ % cfg_.train.exit_interval == 0 &&
+        step_ < cfg_.train.steps) {
+      if (last_saved_step_ != step_) save_checkpoint();
+      spdlog::info("train.exit_interval: exiting at step {}; resume with --resume auto", step_);
+      break;
+    }
+  }
+  if (step_ == cfg_.train.steps && cfg_.checkpoint.save_final && last_saved_step_ != step_)
+    save_checkpoint();
+  std::signal(SIGTERM, prev_term);
+  std::signal(SIGINT, prev_int);
+}
+
+}  // namespace mop

@@ -1,0 +1,76 @@
+// Trainer: builds the run in one fixed order — backend, model layout and parameters, optimizer
+// state, data, activation plan, weights (fresh or resumed) — logs one summary line, then runs the
+// step loop: micro-batches → gradient reduction → optimizer → metrics → evaluation → checkpoint.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "data/loader.h"
+#include "model/transformer.h"
+#include "optim/optimizer.h"
+#include "parallel/world.h"
+#include "train/metrics.h"
+
+namespace mop {
+
+// How the step runs on this machine: backend device and dtypes.
+struct RunPlacement {
+  Device device = Device::CPU;
+  DType compute = DType::F32;
+  DType grad = DType::F32;
+  std::string describe() const;
+};
+RunPlacement resolve_placement(const Config& cfg);
+
+// Memory the run needs per rank, before anything is allocated.
+struct MemoryEstimate {
+  size_t weights = 0, grads = 0, optimizer = 0, activations = 0;
+  size_t total() const { return weights + grads + optimizer + activations; }
+};
+MemoryEstimate estimate_memory(const Config& cfg, const RunPlacement& placement);
+
+std::unique_ptr<Ops> make_ops(const RunPlacement& placement);
+TokenLoaderOptions make_loader_options(const Config& cfg);
+
+class Trainer {
+ public:
+  Trainer(Config cfg, World& world);
+  ~Trainer();
+  // Trains to train.steps (or until SIGTERM/SIGINT, after which it checkpoints and returns).
+  void run();
+  int64_t step() const { return step_; }
+
+ private:
+  void build();
+  void resume_or_init();
+  void fill_step_batches();
+  Batch micro_batch(int m);
+  void train_step(StepMetrics& sm);
+  double evaluate();
+  void save_checkpoint();
+  bool stop_requested();
+
+  Config cfg_;
+  World& world_;
+  RunPlacement placement_;
+  std::unique_ptr<Ops> ops_;
+  ModelLayout layout_;
+  std::unique_ptr<ParamStore> params_;
+  std::unique_ptr<Optimizer> optim_;
+  std::unique_ptr<TokenLoader> loader_;
+  std::unique_ptr<Transformer> model_;
+  std::unique_ptr<MetricsLog> metrics_;
+
+  int64_t step_ = 0;             // optimizer steps done
+  int64_t consumed_samples_ = 0;  // global training samples consumed
+  int micro_batches_ = 1;        // per optimizer step on this rank
+  int dp_rank_ = 0, dp_size_ = 1;
+  std::vector<int32_t> ids_, targets_, positions_;  // this rank's micro-batches of the step
+  int64_t step_valid_tokens_ = 0;                   // unmasked targets of the step, all ranks
+  int64_t last_saved_step_ = -1;
+};
+
+}  // namespace mop

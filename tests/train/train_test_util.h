@@ -1,0 +1,79 @@
+// Helpers for end-to-end tests that run the `mop` binary: a scratch directory, a small byte-level
+// corpus, running a command and capturing its exit code and output, reading metrics.jsonl.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ckpt/json.h"
+#include "core/rng.h"
+
+namespace mop::test {
+
+struct ScratchDir {
+  std::filesystem::path path;
+  explicit ScratchDir(const std::string& tag) {
+    path = std::filesystem::temp_directory_path() /
+           ("mop_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(philox_u64(1, 2, uint64_t(::time(nullptr))) % 100000));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+struct RunResult {
+  int code = -1;
+  std::string output;  // stdout and stderr
+};
+
+inline RunResult run_command(const std::string& cmd) {
+  RunResult r;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+inline RunResult run_mop(const std::string& args) {
+  return run_command(std::string("OMP_NUM_THREADS=2 ") + MOP_BINARY + " " + args);
+}
+
+inline void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+// Deterministic pseudo-English text (~bytes long), with blank lines between paragraphs.
+inline std::string sample_corpus(size_t bytes) {
+  const char* words[] = {"the", "moe", "expert", "router", "token", "and", "of", "to", "layer",
+                         "attention", "in", "a", "gradient", "step", "is", "loss"};
+  std::string s;
+  for (uint64_t i = 0; s.size() < bytes; ++i) {
+    s += words[philox_u64(3, 4, i) % 16];
+    s += (i % 97 == 96) ? ".\n\n" : (i % 13 == 12) ? ".\n" : " ";
+  }
+  return s;
+}
+
+// Every line of a metrics.jsonl file, parsed.
+inline std::vector<Json> read_metrics(const std::string& path) {
+  std::vector<Json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(parse_json(line, path));
+  return out;
+}
+
+}  // namespace mop::test
