@@ -41,9 +41,10 @@ whl = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
 out = "third_party/cudnn_frontend/include"
 with zipfile.ZipFile(whl) as z:
     for name in z.namelist():
-        i = name.find("/include/")
+        # Headers sit under include/ (at the wheel's top level or inside a package folder).
+        i = ("/" + name).find("/include/")
         if i >= 0 and name.endswith((".h", ".hpp")):
-            dst = os.path.join(out, name[i + len("/include/"):])
+            dst = os.path.join(out, name[i + len("include/"):])
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             with open(dst, "wb") as f:
                 f.write(z.read(name))
