@@ -94,6 +94,15 @@ expect 2 "no manifest.json" -- train --config good.yaml --set train.steps=8 --re
 expect 0 "line" -- generate --checkpoint ckpt --prompt "line 1" --tokens 20 --temperature 0
 expect 2 "no checkpoint found" -- generate --checkpoint nowhere --prompt x
 
+# The README's configuration table is the generated reference, line for line.
+"$mop" config-reference > reference.md
+missing=$(grep -vxF -f "$src/README.md" reference.md | head -n 3)
+if [ -n "$missing" ]; then
+  echo "FAIL: README.md's configuration table is out of date (regenerate with mop config-reference); e.g.:"
+  echo "$missing" | sed 's/^/    /'
+  failures=$((failures + 1))
+fi
+
 if [ "$failures" != 0 ]; then
   echo "$failures CLI check(s) failed"
   exit 1
