@@ -1,11 +1,17 @@
 // Shared test helpers: owning host tensors, deterministic fills, comparisons with named tolerances.
 #pragma once
 
+#include <stdlib.h>
+
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "parallel/launch.h"
@@ -26,6 +32,23 @@ inline bool gpu_available() {
   return false;
 #endif
 }
+
+// A fresh directory under the system temp dir, removed with everything in it at scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "mop_test_XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
 
 // A host tensor that owns its storage (8-byte aligned; enough for every dtype).
 struct HostTensor {
@@ -94,4 +117,24 @@ inline double nmse(const HostTensor& a, const HostTensor& ref) {
   return den == 0 ? num : num / den;
 }
 
+// The message of the UserError fn() throws, or "" when it returns normally. Any other exception
+// propagates and fails the test.
+inline std::string user_error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace mop::test
+
+// Checks that `expr` throws a UserError whose message contains `text` (use in Catch2 tests).
+#define CHECK_USER_ERROR(expr, text)                                          \
+  do {                                                                        \
+    std::string mop_msg_ = ::mop::test::user_error_of([&] { (void)(expr); }); \
+    INFO("UserError message: \"" << mop_msg_ << "\"");                        \
+    CHECK(!mop_msg_.empty());                                                 \
+    CHECK(mop_msg_.find(text) != std::string::npos);                          \
+  } while (0)

@@ -140,7 +140,7 @@ TEST_CASE("resume: auto picks latest, falls back to the highest complete step", 
   CHECK((all[0].step == 10 && all[1].step == 20));
 
   ckpt_test::write_bytes(tmp / "file", "x");
-  CKPT_CHECK_USER_ERROR(resolve_resume(tmp / "file", ResumeMode::Auto), "not a directory");
+  CHECK_USER_ERROR(resolve_resume(tmp / "file", ResumeMode::Auto), "not a directory");
 }
 
 TEST_CASE("resume: an explicit path must be a complete checkpoint", "[cpu][ckpt]") {
@@ -148,15 +148,15 @@ TEST_CASE("resume: an explicit path must be a complete checkpoint", "[cpu][ckpt]
   const fs::path root = tmp / "ckpt";
   commit_step(root, 40);
   CHECK(resolve_resume(root / "step_40", ResumeMode::Path) == root / "step_40");
-  CKPT_CHECK_USER_ERROR(resolve_resume(root / "step_50", ResumeMode::Path),
+  CHECK_USER_ERROR(resolve_resume(root / "step_50", ResumeMode::Path),
                         "checkpoint " + (root / "step_50").string() + ": not found");
   fs::create_directories(root / "step_60");
   std::string msg =
-      ckpt_test::user_error_message([&] { resolve_resume(root / "step_60", ResumeMode::Path); });
+      test::user_error_of([&] { resolve_resume(root / "step_60", ResumeMode::Path); });
   CHECK(msg == "checkpoint " + (root / "step_60").string() +
                    ": no manifest.json (incomplete checkpoint?)");
-  CKPT_CHECK_USER_ERROR(resolve_resume(root, ResumeMode::Path), "it looks like a checkpoint root");
-  CKPT_CHECK_USER_ERROR(resolve_resume(root / "latest", ResumeMode::Path), "not a directory");
+  CHECK_USER_ERROR(resolve_resume(root, ResumeMode::Path), "it looks like a checkpoint root");
+  CHECK_USER_ERROR(resolve_resume(root / "latest", ResumeMode::Path), "not a directory");
 }
 
 TEST_CASE("prune keeps the newest, the one latest names, and .tmp dirs", "[cpu][ckpt]") {

@@ -49,8 +49,8 @@ TEST_CASE("json: integers are exact over the whole int64 and uint64 range", "[cp
   CHECK(r.at("umax").as_uint64() == u_max);
   CHECK(r.at("big").as_int64() == beyond_double);
   CHECK(r.at("small_unsigned").kind() == Json::Kind::Int);
-  CKPT_CHECK_USER_ERROR(r.at("umax").as_int64("x"), "x: integer 18446744073709551615 out of range");
-  CKPT_CHECK_USER_ERROR(r.at("min").as_uint64("x"), "x: expected a non-negative integer");
+  CHECK_USER_ERROR(r.at("umax").as_int64("x"), "x: integer 18446744073709551615 out of range");
+  CHECK_USER_ERROR(r.at("min").as_uint64("x"), "x: expected a non-negative integer");
 }
 
 TEST_CASE("json: doubles round-trip bit for bit and stay doubles", "[cpu][ckpt]") {
@@ -169,7 +169,7 @@ TEST_CASE("json: parse_json_yaml tells strings from numbers by tag", "[cpu][ckpt
   CHECK(n["n"].Tag() == "?");
   CHECK(n["n"].as<int>() == 1);
   CHECK(n["z"].IsNull());
-  CKPT_CHECK_USER_ERROR(parse_json_yaml("{'a':1}", "t.json"), "t.json: invalid JSON");
+  CHECK_USER_ERROR(parse_json_yaml("{'a':1}", "t.json"), "t.json: invalid JSON");
 }
 
 TEST_CASE("json: everything outside strict JSON is a UserError naming the source", "[cpu][ckpt]") {
@@ -209,21 +209,21 @@ TEST_CASE("json: everything outside strict JSON is a UserError naming the source
   };
   for (auto [text, part] : bad) {
     INFO("input: " << text);
-    CKPT_CHECK_USER_ERROR(parse(text), part);
-    CKPT_CHECK_USER_ERROR(parse(text), "test.json: invalid JSON");
+    CHECK_USER_ERROR(parse(text), part);
+    CHECK_USER_ERROR(parse(text), "test.json: invalid JSON");
   }
-  CKPT_CHECK_USER_ERROR(parse("{\n  \"a\": tru\n}"), "(line 2, column 8)");
-  CKPT_CHECK_USER_ERROR(parse(std::string(300, '[') + std::string(300, ']')),
+  CHECK_USER_ERROR(parse("{\n  \"a\": tru\n}"), "(line 2, column 8)");
+  CHECK_USER_ERROR(parse(std::string(300, '[') + std::string(300, ']')),
                         "nesting deeper than 256");
   CHECK(parse(std::string(200, '[') + std::string(200, ']')).is_array());
 }
 
 TEST_CASE("json: typed reads name the value on a wrong kind", "[cpu][ckpt]") {
   Json j = parse(R"({"step":"40","cfg":{"lr":3},"list":[1]})");
-  CKPT_CHECK_USER_ERROR(j.at("step").as_int64("m.json: step"),
+  CHECK_USER_ERROR(j.at("step").as_int64("m.json: step"),
                         "m.json: step: expected an integer, got a string");
-  CKPT_CHECK_USER_ERROR(j.at("missing", "m.json"), "m.json: missing field 'missing'");
-  CKPT_CHECK_USER_ERROR(j.at("list").as_object("m.json: list"), "expected an object, got an array");
+  CHECK_USER_ERROR(j.at("missing", "m.json"), "m.json: missing field 'missing'");
+  CHECK_USER_ERROR(j.at("list").as_object("m.json: list"), "expected an object, got an array");
   CHECK(j.at("cfg").at("lr").as_double() == 3.0);
   CHECK(j.find("nope") == nullptr);
   CHECK(j.at("list").find("x") == nullptr);
@@ -236,7 +236,7 @@ TEST_CASE("json: read_json_file names the file", "[cpu][ckpt]") {
   ckpt_test::write_bytes(tmp / "ok.json", R"({"a":[1,2,3]})");
   CHECK(read_json_file(tmp / "ok.json").at("a").size() == 3);
   ckpt_test::write_bytes(tmp / "bad.json", R"({"a":[1,2,3})");
-  CKPT_CHECK_USER_ERROR(read_json_file(tmp / "bad.json"),
-                        (tmp / "bad.json").string() + ": invalid JSON");
-  CKPT_CHECK_USER_ERROR(read_json_file(tmp / "none.json"), "none.json: cannot open: No such file");
+  CHECK_USER_ERROR(read_json_file(tmp / "bad.json"),
+                        tmp / "bad.json" + ": invalid JSON");
+  CHECK_USER_ERROR(read_json_file(tmp / "none.json"), "none.json: cannot open: No such file");
 }

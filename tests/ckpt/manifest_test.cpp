@@ -64,7 +64,7 @@ TEST_CASE("manifest: missing or ill-typed fields are UserErrors", "[cpu][ckpt]")
   REQUIRE_NOTHROW(from(good));
   for (const char* key : {"format_version", "step", "mop_version", "config", "state", "files"}) {
     INFO(key);
-    CKPT_CHECK_USER_ERROR(from(without(good, key)),
+    CHECK_USER_ERROR(from(without(good, key)),
                           std::string("ck/step_40/manifest.json: missing field '") + key + "'");
   }
   auto with = [&](std::string_view key, Json v) {
@@ -72,15 +72,15 @@ TEST_CASE("manifest: missing or ill-typed fields are UserErrors", "[cpu][ckpt]")
     j[key] = std::move(v);
     return j;
   };
-  CKPT_CHECK_USER_ERROR(from(with("step", "40")),
+  CHECK_USER_ERROR(from(with("step", "40")),
                         "manifest.json: step: expected an integer, got a string");
-  CKPT_CHECK_USER_ERROR(from(with("step", -1)), "negative step");
-  CKPT_CHECK_USER_ERROR(from(with("config", 1)), "config: expected a string");
-  CKPT_CHECK_USER_ERROR(from(with("state", Json::array())), "state: expected an object");
-  CKPT_CHECK_USER_ERROR(from(with("format_version", 2)),
+  CHECK_USER_ERROR(from(with("step", -1)), "negative step");
+  CHECK_USER_ERROR(from(with("config", 1)), "config: expected a string");
+  CHECK_USER_ERROR(from(with("state", Json::array())), "state: expected an object");
+  CHECK_USER_ERROR(from(with("format_version", 2)),
                         "format_version 2 is newer than this mop reads");
-  CKPT_CHECK_USER_ERROR(from(with("files", Json::object())), "files: expected an array");
-  CKPT_CHECK_USER_ERROR(from(Json::array()), "expected an object");
+  CHECK_USER_ERROR(from(with("files", Json::object())), "files: expected an array");
+  CHECK_USER_ERROR(from(Json::array()), "expected an object");
 
   auto with_file = [&](Json f) {
     Json j = good;
@@ -97,31 +97,31 @@ TEST_CASE("manifest: missing or ill-typed fields are UserErrors", "[cpu][ckpt]")
   };
   const std::string sha(64, '0');
   REQUIRE_NOTHROW(from(with_file(file("a.bin", 1, sha))));
-  CKPT_CHECK_USER_ERROR(from(with_file(file("a.bin", -1, sha))),
+  CHECK_USER_ERROR(from(with_file(file("a.bin", -1, sha))),
                         "files[0]: bytes: expected a non-negative integer");
-  CKPT_CHECK_USER_ERROR(from(with_file(file("a.bin", 1, "ABC"))),
+  CHECK_USER_ERROR(from(with_file(file("a.bin", 1, "ABC"))),
                         "files[0]: sha256 is not 64 lower-case hex digits");
-  CKPT_CHECK_USER_ERROR(from(with_file(file("a.bin", 1, std::string(64, 'A')))),
+  CHECK_USER_ERROR(from(with_file(file("a.bin", 1, std::string(64, 'A')))),
                         "not 64 lower-case hex digits");
-  CKPT_CHECK_USER_ERROR(from(with_file(file("../a.bin", 1, sha))), "invalid file name '../a.bin'");
-  CKPT_CHECK_USER_ERROR(from(with_file(file("manifest.json", 1, sha))), "invalid file name");
-  CKPT_CHECK_USER_ERROR(from(with_file(file(2, 1, sha))), "files[0]: name: expected a string");
+  CHECK_USER_ERROR(from(with_file(file("../a.bin", 1, sha))), "invalid file name '../a.bin'");
+  CHECK_USER_ERROR(from(with_file(file("manifest.json", 1, sha))), "invalid file name");
+  CHECK_USER_ERROR(from(with_file(file(2, 1, sha))), "files[0]: name: expected a string");
   Json twice = with_file(file("a.bin", 1, sha));
   twice["files"].push_back(file("a.bin", 1, sha));
-  CKPT_CHECK_USER_ERROR(from(twice), "file 'a.bin' listed twice");
+  CHECK_USER_ERROR(from(twice), "file 'a.bin' listed twice");
 }
 
 TEST_CASE("manifest: read_manifest names the checkpoint", "[cpu][ckpt]") {
   ckpt_test::TempDir tmp;
   const fs::path dir = tmp / "step_40";
   fs::create_directories(dir);
-  CKPT_CHECK_USER_ERROR(read_manifest(dir), "checkpoint " + dir.string() +
+  CHECK_USER_ERROR(read_manifest(dir), "checkpoint " + dir.string() +
                                                 ": no manifest.json (incomplete checkpoint?)");
   ckpt_test::write_bytes(dir / "manifest.json", "{\"step\": 40,}");
-  CKPT_CHECK_USER_ERROR(read_manifest(dir),
+  CHECK_USER_ERROR(read_manifest(dir),
                         "checkpoint " + dir.string() + ": manifest.json: invalid JSON");
   ckpt_test::write_bytes(dir / "manifest.json", "{\"step\": 40}");
-  CKPT_CHECK_USER_ERROR(read_manifest(dir), "checkpoint " + dir.string() +
+  CHECK_USER_ERROR(read_manifest(dir), "checkpoint " + dir.string() +
                                                 ": manifest.json: missing field 'format_version'");
 }
 
@@ -142,18 +142,18 @@ TEST_CASE("verify: a flipped byte, a truncation and a missing file are caught", 
   std::string flipped = good;
   flipped[flipped.size() / 2] ^= 0x01;
   ckpt_test::write_bytes(model, flipped);
-  std::string msg = ckpt_test::user_error_message([&] { verify_checkpoint(dir); });
+  std::string msg = test::user_error_of([&] { verify_checkpoint(dir); });
   CHECK(msg == "checkpoint " + dir.string() +
                    ": model.safetensors: SHA-256 mismatch (file corrupt or modified)");
 
   ckpt_test::write_bytes(model, good.substr(0, good.size() - 1));
-  CKPT_CHECK_USER_ERROR(verify_checkpoint(dir),
+  CHECK_USER_ERROR(verify_checkpoint(dir),
                         "model.safetensors: " + std::to_string(good.size() - 1) +
                             " bytes, manifest says " + std::to_string(good.size()) +
                             " (file truncated or modified)");
   ckpt_test::write_bytes(model, good);
   REQUIRE_NOTHROW(verify_checkpoint(dir));
   fs::remove(dir / "state.bin");
-  CKPT_CHECK_USER_ERROR(verify_checkpoint(dir),
+  CHECK_USER_ERROR(verify_checkpoint(dir),
                         "checkpoint " + dir.string() + ": state.bin: missing");
 }

@@ -104,7 +104,7 @@ TEST_CASE("safetensors: write then read every dtype, scalar and empty tensors", 
     pos.push_back(header.find(std::string(1, '"').append(n).append("\":{")));
   CHECK(std::is_sorted(pos.begin(), pos.end()));
   CHECK(header.find("{\"__metadata__\":{\"format\":\"pt\",\"note\":") == 0);
-  CKPT_CHECK_USER_ERROR(f.at("nope"), "model.safetensors: no tensor 'nope'");
+  CHECK_USER_ERROR(f.at("nope"), "model.safetensors: no tensor 'nope'");
   CHECK(f.find("nope") == nullptr);
 }
 
@@ -125,7 +125,7 @@ TEST_CASE("safetensors: writer output matches the format byte for byte", "[cpu][
   write_safetensors(tmp / "empty.safetensors", {});
   CHECK(ckpt_test::read_bytes(tmp / "empty.safetensors") == raw_file("{}      ", ""));
   CHECK(SafetensorsFile(tmp / "empty.safetensors").tensors().empty());
-  CKPT_CHECK_USER_ERROR(write_safetensors(tmp / "no_dir" / "x.safetensors", entries),
+  CHECK_USER_ERROR(write_safetensors(tmp / "no_dir/x.safetensors", entries),
                         "cannot create");
 }
 
@@ -206,8 +206,8 @@ TEST_CASE("safetensors: every corruption is a UserError naming the file and the 
   const auto path = tmp / "bad.safetensors";
   auto expect = [&](const std::string& bytes, const std::string& part) {
     ckpt_test::write_bytes(path, bytes);
-    CKPT_CHECK_USER_ERROR(SafetensorsFile(path), part);
-    CKPT_CHECK_USER_ERROR(SafetensorsFile(path), "bad.safetensors");
+    CHECK_USER_ERROR(SafetensorsFile(path), part);
+    CHECK_USER_ERROR(SafetensorsFile(path), "bad.safetensors");
   };
   const std::string ok_header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
   const std::string ok_data(8, '\x11');
@@ -302,5 +302,5 @@ TEST_CASE("safetensors: view refuses tensors of more than 4 dims", "[cpu][ckpt]"
       raw_file(R"({"a":{"dtype":"U8","shape":[1,1,1,1,2],"data_offsets":[0,2]}})", "\x01\x02"));
   SafetensorsFile f(tmp / "d5.safetensors");
   CHECK(f.at("a").shape.size() == 5);
-  CKPT_CHECK_USER_ERROR(f.view("a"), "tensor 'a' has 5 dims (at most 4 supported)");
+  CHECK_USER_ERROR(f.view("a"), "tensor 'a' has 5 dims (at most 4 supported)");
 }

@@ -2,6 +2,8 @@
 // (independent of the writer under test), a hand-built Megatron .idx, and a UserError matcher.
 #pragma once
 
+#include "test_util.h"
+
 #include <unistd.h>
 
 #include <cstdint>
@@ -18,22 +20,6 @@
 namespace mop::test {
 
 // A fresh directory under the system temp dir, removed with everything in it at scope exit.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    auto base = std::filesystem::temp_directory_path();
-    for (uint64_t i = 0;; ++i) {
-      path = base / ("mop_data_test_" +
-                     std::to_string(philox_u64(uint64_t(::getpid()), i, 0) % 1000000000));
-      if (std::filesystem::create_directory(path)) break;
-    }
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 inline void write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream f(path, std::ios::binary);
@@ -81,24 +67,5 @@ inline std::vector<uint8_t> token_bytes(const std::vector<int64_t>& tokens, int 
   return b;
 }
 
-// The message of the UserError fn() throws, or "" when it returns normally. Any other exception
-// propagates and fails the test.
-inline std::string user_error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace mop::test
 
-// Checks that `expr` throws a UserError whose message contains `text`.
-#define CHECK_USER_ERROR(expr, text)                                          \
-  do {                                                                        \
-    std::string mop_msg_ = ::mop::test::user_error_of([&] { (void)(expr); }); \
-    INFO("UserError message: \"" << mop_msg_ << "\"");                        \
-    CHECK(!mop_msg_.empty());                                                 \
-    CHECK(mop_msg_.find(text) != std::string::npos);                          \
-  } while (0)

@@ -32,7 +32,7 @@ std::string file_bytes(const std::string& path) {
 }  // namespace
 
 TEST_CASE("train: N steps + resume + N steps equals 2N steps bit for bit", "[cpu][train]") {
-  test::ScratchDir dir("resume");
+  test::TempDir dir;
   test::write_text(dir / "corpus.txt", test::sample_corpus(60000));
   PrepareDataOptions po;
   po.inputs = {dir / "corpus.txt"};

@@ -12,23 +12,10 @@
 
 #include "ckpt/json.h"
 #include "core/rng.h"
+#include "test_util.h"
 
 namespace mop::test {
 
-struct ScratchDir {
-  std::filesystem::path path;
-  explicit ScratchDir(const std::string& tag) {
-    path = std::filesystem::temp_directory_path() /
-           ("mop_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(philox_u64(1, 2, uint64_t(::time(nullptr))) % 100000));
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 struct RunResult {
   int code = -1;
