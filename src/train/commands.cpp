@@ -37,7 +37,7 @@ int cmd_train(const TrainArgs& args, World& world) {
   Config cfg = load_config(args.config, overrides);
   setup_logging(cfg.log, world.rank, world.size);
   spdlog::info("mop {} | {} rank(s) | config {}", MOP_VERSION, world.size, args.config);
-  spdlog::debug("resolved config:\n{}", dump_config(cfg));
+  spdlog::info("resolved config:\n{}", dump_config(cfg));
   if (world.is_root()) {
     std::error_code ec;
     std::filesystem::create_directories(cfg.checkpoint.dir, ec);
