@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ckpt/sha256.h"
+#include "core/mapped_file.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 
@@ -67,14 +68,9 @@ struct SafetensorsTensor {
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::filesystem::path& path);
-  ~SafetensorsFile();
-  SafetensorsFile(SafetensorsFile&& o) noexcept;
-  SafetensorsFile& operator=(SafetensorsFile&& o) noexcept;
-  SafetensorsFile(const SafetensorsFile&) = delete;
-  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
   const std::filesystem::path& path() const { return path_; }
-  uint64_t file_size() const { return map_size_; }
+  uint64_t file_size() const { return file_.size(); }
   const std::map<std::string, SafetensorsTensor, std::less<>>& tensors() const { return tensors_; }
   const SafetensorsMetadata& metadata() const { return metadata_; }
 
@@ -87,11 +83,8 @@ class SafetensorsFile {
   Tensor view(std::string_view name) const;
 
  private:
-  void unmap();
-
   std::filesystem::path path_;
-  void* map_ = nullptr;
-  uint64_t map_size_ = 0;
+  MappedFile file_;
   std::map<std::string, SafetensorsTensor, std::less<>> tensors_;
   SafetensorsMetadata metadata_;
 };

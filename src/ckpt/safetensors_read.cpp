@@ -1,9 +1,5 @@
 // safetensors reader: maps the file read-only and validates every header field before exposing
 // pointers into the data buffer, so a corrupt or hostile file is a UserError, never a wild read.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -142,67 +138,10 @@ int64_t SafetensorsTensor::numel() const {
   return n;
 }
 
-SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : path_(path) {
-  const std::string src = path.string();
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_user_error(src, ": cannot open: ", std::strerror(errno));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw_user_error(src, ": cannot stat: ", std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw_user_error(src, ": not a regular file");
-  }
-  map_size_ = uint64_t(st.st_size);
-  if (map_size_ >= 8) {  // mmap of 0 bytes fails; shorter files are reported by parse_file
-    map_ = ::mmap(nullptr, map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map_ == MAP_FAILED) {
-      int err = errno;
-      map_ = nullptr;
-      ::close(fd);
-      throw_user_error(src, ": mmap failed: ", std::strerror(err));
-    }
-  }
-  ::close(fd);  // the mapping keeps the file alive
-  try {
-    static const uint8_t kEmpty[1] = {0};
-    parse_file(map_ ? static_cast<const uint8_t*>(map_) : kEmpty, map_size_, src, tensors_,
-               metadata_);
-  } catch (...) {
-    unmap();
-    throw;
-  }
-}
-
-SafetensorsFile::~SafetensorsFile() {
-  unmap();
-}
-
-SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
-    : path_(std::move(o.path_)),
-      map_(std::exchange(o.map_, nullptr)),
-      map_size_(std::exchange(o.map_size_, 0)),
-      tensors_(std::move(o.tensors_)),
-      metadata_(std::move(o.metadata_)) {}
-
-SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
-  if (this != &o) {
-    unmap();
-    path_ = std::move(o.path_);
-    map_ = std::exchange(o.map_, nullptr);
-    map_size_ = std::exchange(o.map_size_, 0);
-    tensors_ = std::move(o.tensors_);
-    metadata_ = std::move(o.metadata_);
-  }
-  return *this;
-}
-
-void SafetensorsFile::unmap() {
-  if (map_) ::munmap(map_, map_size_);
-  map_ = nullptr;
+SafetensorsFile::SafetensorsFile(const std::filesystem::path& path)
+    : path_(path), file_(path.string()) {
+  static const uint8_t kEmpty[1] = {0};
+  parse_file(file_.data() ? file_.data() : kEmpty, file_.size(), path.string(), tensors_, metadata_);
 }
 
 const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {

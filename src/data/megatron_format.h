@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "data/mapped_file.h"
+#include "core/mapped_file.h"
 #include "data/token_dtype.h"
 
 namespace mop {

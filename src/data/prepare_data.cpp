@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "data/indexed_dataset_writer.h"
-#include "data/mapped_file.h"
+#include "core/mapped_file.h"
 
 namespace mop {
 namespace {

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "data/mapped_file.h"
+#include "core/mapped_file.h"
 #include "data/megatron_format.h"
 #include "data/token_dtype.h"
 

@@ -1,6 +1,6 @@
 // MappedFile: a read-only memory map of a whole file (RAII, move-only).
-// Token shards and Megatron indexes are read through it so the page cache, not the process heap,
-// holds the data, and every rank on a host shares one copy.
+// Token shards, Megatron indexes and safetensors files are read through it, so the page cache,
+// not the process heap, holds the data, and every rank on a host shares one copy.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 // MappedFile: open + fstat + mmap(PROT_READ) + madvise, and the matching munmap.
-#include "data/mapped_file.h"
+#include "core/mapped_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
