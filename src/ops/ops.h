@@ -29,11 +29,27 @@ struct AdamWArgs {
   float bias_correction2 = 1;  // 1 - beta2^step
 };
 
+// The largest shapes a run passes to the ops (tokens, sequences, heads, …), so a backend can build
+// its plans and size its workspaces once, before the first step.
+struct OpShapes {
+  int64_t max_tokens = 0;  // T of the largest micro-batch
+  int64_t batch = 0, seq = 0;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t hidden = 0, experts = 0, top_k = 0, expert_ffn = 0, vocab = 0;
+  int64_t lm_head_chunk = 0;
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
   virtual Device device() const = 0;
+  // Waits for all queued work (the CPU backend runs synchronously).
   virtual void synchronize() {}
+  // Builds plans and allocates the backend's internal workspaces for calls up to `shapes`; called
+  // before the first step. Calls with other shapes (generation) may build more plans lazily.
+  virtual void prepare(const OpShapes& shapes) {}
+  // Bytes the backend's internal workspaces hold (part of the planned memory).
+  virtual size_t workspace_bytes() const { return 0; }
 
   // ---- elementwise and memory ---------------------------------------------------------------
   virtual void fill(Tensor x, double value) = 0;
@@ -160,5 +176,7 @@ class Ops {
 
 // The CPU reference backend (always available).
 std::unique_ptr<Ops> make_cpu_ops();
+// The CUDA backend on the current device (binaries built with MOP_CUDA; see cuda_ops.h).
+std::unique_ptr<Ops> make_cuda_ops();
 
 }  // namespace mop

@@ -1,0 +1,49 @@
+// Kernel benchmark harness (mop_bench): each case validates its kernel against the CPU reference
+// first, then times it with CUDA events (L2 flushed before every timed launch) and prints time,
+// TFLOP/s or GB/s and the percentage of the measured H200 ceiling from DESIGN.md.
+#pragma once
+
+#ifdef MOP_HAVE_CUDA
+
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace mop::bench {
+
+// Measured ceilings on the H200 (DESIGN.md); HBM is the spec value (no measured one yet).
+constexpr double kGemmTflops = 790;      // cuBLAS bf16 8192³ on random data
+constexpr double kAttnFwdTflops = 650;   // cuDNN flash attention fwd, hd 128 (610–685)
+constexpr double kAttnBwdTflops = 490;   // cuDNN flash attention bwd, hd 128 (455–530)
+constexpr double kHbmGBps = 4800;        // H200 HBM3e spec
+
+struct Case {
+  std::string name;
+  std::function<void()> run;
+};
+std::vector<Case>& registry();
+struct Register {
+  Register(const char* name, std::function<void()> fn) { registry().push_back({name, std::move(fn)}); }
+};
+
+// Median milliseconds of `iters` launches of fn on `stream` (after 3 warm-up launches), each
+// preceded by an L2 flush.
+double time_ms(const std::function<void()>& fn, cudaStream_t stream, int iters = 20);
+
+// One result line. flops/bytes ≤ 0 are left out; ceiling in the same unit as the rate.
+void report(const std::string& name, bool valid, double ms, double flops, double bytes,
+            double ceiling_tflops_or_gbps, const std::string& note = "");
+
+}  // namespace mop::bench
+
+#define MOP_BENCH_CAT2(a, b) a##b
+#define MOP_BENCH_CAT(a, b) MOP_BENCH_CAT2(a, b)
+#define MOP_BENCH(name)                                                                    \
+  static void MOP_BENCH_CAT(mop_bench_fn_, __LINE__)();                                    \
+  static ::mop::bench::Register MOP_BENCH_CAT(mop_bench_reg_, __LINE__)(                   \
+      name, MOP_BENCH_CAT(mop_bench_fn_, __LINE__));                                       \
+  static void MOP_BENCH_CAT(mop_bench_fn_, __LINE__)()
+
+#endif  // MOP_HAVE_CUDA

@@ -1,0 +1,87 @@
+// mop_bench: runs every registered kernel benchmark (or those whose name contains argv[1]).
+#include <cstdio>
+#include <cstring>
+
+#include "bench.h"
+
+#ifdef MOP_HAVE_CUDA
+
+#include <algorithm>
+
+#include "core/cuda_check.h"
+#include "core/memory.h"
+
+namespace mop::bench {
+
+std::vector<Case>& registry() {
+  static std::vector<Case> cases;
+  return cases;
+}
+
+double time_ms(const std::function<void()>& fn, cudaStream_t stream, int iters) {
+  // A buffer larger than the H200's 60 MB L2, rewritten before each timed launch.
+  static Buffer flush(MemKind::Device, size_t(256) << 20);
+  cudaEvent_t start, stop;
+  MOP_CUDA_CHECK(cudaEventCreate(&start));
+  MOP_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<float> times;
+  for (int i = 0; i < iters; ++i) {
+    MOP_CUDA_CHECK(cudaMemsetAsync(flush.data(), i & 0xff, flush.bytes(), stream));
+    MOP_CUDA_CHECK(cudaEventRecord(start, stream));
+    fn();
+    MOP_CUDA_CHECK(cudaEventRecord(stop, stream));
+    MOP_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    MOP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+void report(const std::string& name, bool valid, double ms, double flops, double bytes,
+            double ceiling, const std::string& note) {
+  std::printf("%-58s %s %9.3f ms", name.c_str(), valid ? "valid  " : "INVALID", ms);
+  if (flops > 0) {
+    double tf = flops / ms / 1e9;
+    std::printf(" %8.1f TFLOP/s %5.1f%%", tf, 100 * tf / ceiling);
+  } else if (bytes > 0) {
+    double gb = bytes / ms / 1e6;
+    std::printf(" %8.1f GB/s    %5.1f%%", gb, 100 * gb / ceiling);
+  }
+  if (!note.empty()) std::printf("  %s", note.c_str());
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+}  // namespace mop::bench
+
+int main(int argc, char** argv) {
+  int n = 0;
+  MOP_CUDA_CHECK(cudaGetDeviceCount(&n));
+  if (n == 0) {
+    std::printf("no CUDA device\n");
+    return 77;
+  }
+  int failures = 0;
+  for (auto& c : mop::bench::registry()) {
+    if (argc > 1 && !std::strstr(c.name.c_str(), argv[1])) continue;
+    try {
+      c.run();
+    } catch (const std::exception& e) {
+      std::printf("%-58s FAILED: %s\n", c.name.c_str(), e.what());
+      ++failures;
+    }
+  }
+  return failures ? 1 : 0;
+}
+
+#else
+int main() {
+  std::printf("mop_bench needs a CUDA build\n");
+  return 77;
+}
+#endif
