@@ -40,20 +40,23 @@ Tensor ParamStore::shaped_view(void* flat_base, DType dtype, Device device, int 
   return t;
 }
 
-void init_params(const ModelLayout& layout, const ParamStore& store, float* master, uint64_t seed) {
-  std::vector<HfView> views = layout.hf_views();
+void init_param(const ModelLayout& layout, int p, float* dst, uint64_t seed) {
+  std::vector<HfView> views;
+  for (const HfView& v : layout.hf_views())
+    if (v.param == p) views.push_back(v);
   const double std_dev = layout.dims.init_std;
+  const bool norm = layout.params[p].kind == ParamKind::Norm;
 #pragma omp parallel for schedule(dynamic, 1)
   for (size_t i = 0; i < views.size(); ++i) {
     const HfView& v = views[i];
     int64_t n = 1;
     for (int64_t s : v.shape) n *= s;
-    float* dst = master + store.offset(v.param) + v.offset;
-    if (layout.params[v.param].kind == ParamKind::Norm) {
-      for (int64_t j = 0; j < n; ++j) dst[j] = 1.0f;
+    float* out = dst + v.offset;
+    if (norm) {
+      for (int64_t j = 0; j < n; ++j) out[j] = 1.0f;
     } else {
       uint64_t stream = fnv1a64(v.name);
-      for (int64_t j = 0; j < n; ++j) dst[j] = float(std_dev * philox_normal(seed, stream, uint64_t(j)));
+      for (int64_t j = 0; j < n; ++j) out[j] = float(std_dev * philox_normal(seed, stream, uint64_t(j)));
     }
   }
 }

@@ -42,9 +42,9 @@ class ParamStore {
   Buffer weights_, grads_;
 };
 
-// Initial fp32 values for every parameter into `master` (a flat buffer of the store's layout):
-// weight matrices ~ N(0, init_std²), norm weights 1. Each value is a pure function of (seed,
-// checkpoint tensor name, index), so it does not depend on the fused layout or on sharding.
-void init_params(const ModelLayout& layout, const ParamStore& store, float* master, uint64_t seed);
+// Initial fp32 values of parameter p into dst (its numel() floats): weight matrices
+// ~ N(0, init_std²), norm weights 1. Each value is a pure function of (seed, checkpoint tensor
+// name, index), so it does not depend on the fused layout or on sharding.
+void init_param(const ModelLayout& layout, int p, float* dst, uint64_t seed);
 
 }  // namespace mop

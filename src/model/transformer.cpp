@@ -18,7 +18,8 @@ Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops
       opt_(options),
       cdt_(params.weight_dtype()),
       adt_(acc_dtype(params.weight_dtype())),
-      arena_(ops.device() == Device::CUDA ? MemKind::Device : MemKind::Host, "activations") {
+      arena_(ops.device() == Device::CUDA ? MemKind::Device : MemKind::Host, "activations"),
+      host_arena_(ops.device() == Device::CUDA ? MemKind::Pinned : MemKind::Host, "host mirrors") {
   const int64_t T = int64_t(opt_.max_batch) * opt_.max_seq, H = d_.hidden;
   const int64_t Q = d_.q_width(), KV = d_.kv_width(), E = d_.experts, K = d_.top_k;
   const int64_t TK = T * K;
@@ -45,6 +46,7 @@ Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops
       s.topk_idx = i({T, K}), s.topk_w = a({T, K});
       s.counts = i({E}), s.offsets = i({E + 1}), s.perm_src = i({TK}), s.slot_of = i({TK});
       s.aux_grad = a({E});
+      s.offsets_host = host_arena_.add(DType::I32, {E + 1});
       s.xp = c({TK, H}), s.gu = c({TK, 2 * d_.expert_ffn}), s.h = c({TK, d_.expert_ffn});
       s.yp = c({TK, H});
       if (d_.shared_ffn) s.shared_gu = c({T, 2 * d_.shared_ffn}), s.shared_h = c({T, d_.shared_ffn});
@@ -71,7 +73,19 @@ Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops
   s_.scratch_losses = a({2});
 }
 
-void Transformer::allocate() { arena_.allocate(); }
+void Transformer::allocate() {
+  arena_.allocate();
+  host_arena_.allocate();
+  OpShapes shapes;
+  shapes.max_tokens = int64_t(opt_.max_batch) * opt_.max_seq;
+  shapes.batch = opt_.max_batch;
+  shapes.seq = opt_.max_seq;
+  shapes.heads = d_.heads, shapes.kv_heads = d_.kv_heads, shapes.head_dim = d_.head_dim;
+  shapes.hidden = d_.hidden, shapes.experts = d_.experts, shapes.top_k = d_.top_k;
+  shapes.expert_ffn = d_.expert_ffn, shapes.vocab = d_.vocab;
+  shapes.lm_head_chunk = arena_.tensor(s_.lm_ws).shape[0];
+  ops_.prepare(shapes);
+}
 
 Tensor Transformer::act(int slot, int64_t rows) const { return arena_.tensor(slot).rows(0, rows); }
 
@@ -114,14 +128,17 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
   ops_.gemm(logits, ln2, false, W(P.router), true, 1, 0);  // fp32 router logits [T,E]
   ops_.router_fwd(topk_idx, topk_w, probs, rlse, logits, d_.renormalize);
   ops_.moe_route_plan(counts, offsets, perm_src, slot_of, topk_idx);
+  // The group sizes are needed on the host (one small device→host copy per MoE layer).
+  Tensor offsets_host = host_arena_.tensor(a.offsets_host);
+  ops_.copy(offsets_host, offsets);
   float layer_w = aux_scale / float(d_.num_moe_layers());
   ops_.moe_aux_loss(losses, arena_.tensor(a.aux_grad), probs, rlse, counts, int(K),
                     float(d_.aux_coef) * layer_w, float(d_.z_coef) * layer_w);
   Tensor xp = act(a.xp, T * K), gu = act(a.gu, T * K), h = act(a.h, T * K), yp = act(a.yp, T * K);
   ops_.moe_permute_fwd(xp, ln2, perm_src);
-  ops_.grouped_gemm_fwd(gu, xp, W(P.experts_gate_up), offsets);
+  ops_.grouped_gemm_fwd(gu, xp, W(P.experts_gate_up), offsets_host);
   ops_.swiglu_fwd(h, gu);
-  ops_.grouped_gemm_fwd(yp, h, W(P.experts_down), offsets);
+  ops_.grouped_gemm_fwd(yp, h, W(P.experts_down), offsets_host);
   ops_.moe_unpermute_fwd(x_out, yp, slot_of, topk_w, /*accumulate=*/true);
   if (d_.shared_ffn) ffn_fwd(P.shared_gate_up, P.shared_down, a.shared_gu, a.shared_h, ln2, x_out, T);
 }
@@ -129,7 +146,8 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
 void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln, float aux_scale) {
   const LayerParams& P = layout_.layers[l];
   const int64_t K = d_.top_k;
-  Tensor ln2 = act(a.ln2, T), offsets = arena_.tensor(a.offsets), slot_of = act(a.slot_of, T * K);
+  Tensor ln2 = act(a.ln2, T), offsets = host_arena_.tensor(a.offsets_host);
+  Tensor slot_of = act(a.slot_of, T * K);
   Tensor topk_w = act(a.topk_w, T);
   Tensor xp = act(a.xp, T * K), gu = act(a.gu, T * K), h = act(a.h, T * K), yp = act(a.yp, T * K);
   Tensor dyp = act(s_.dyp, T * K), dh = act(s_.dh, T * K), dgu = act(s_.dgu, T * K);

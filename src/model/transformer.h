@@ -34,8 +34,9 @@ class Transformer {
  public:
   Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops, TransformerOptions options);
 
-  // Planned activation memory (bytes), available before allocate().
+  // Planned activation memory on the ops device (bytes), available before allocate().
   size_t planned_bytes() const { return arena_.planned_bytes(); }
+  // Allocates the activations and lets the backend build its plans and workspaces for them.
   void allocate();
 
   // Forward and backward of one micro-batch; parameter gradients accumulate (+=) into the store.
@@ -55,6 +56,7 @@ class Transformer {
     int ln1, rstd1, q_raw, k_raw, q, k, v, q_rstd, k_rstd, attn, lse, x_mid, ln2, rstd2;
     int logits = -1, probs = -1, rlse = -1, topk_idx = -1, topk_w = -1, counts = -1, offsets = -1;
     int perm_src = -1, slot_of = -1, aux_grad = -1, xp = -1, gu = -1, h = -1, yp = -1;
+    int offsets_host = -1;  // host copy of offsets (grouped GEMMs size their groups on the host)
     int shared_gu = -1, shared_h = -1;  // shared expert
     int ffn_gu = -1, ffn_h = -1;        // dense FFN layers
   };
@@ -86,7 +88,8 @@ class Transformer {
   Ops& ops_;
   TransformerOptions opt_;
   DType cdt_, adt_;  // compute and acc dtypes
-  Arena arena_;
+  Arena arena_;       // on the ops device
+  Arena host_arena_;  // host mirrors (pinned when the device is a GPU)
   std::vector<Acts> acts_;
   std::vector<int> xs_;  // layer inputs x_0..x_L (x_L feeds the final norm)
   Shared s_{};

@@ -85,11 +85,12 @@ void CudaOps::copy(Tensor dst, const Tensor& src) {
   }
 }
 
-std::unique_ptr<Ops> make_cuda_ops() {
+std::unique_ptr<Ops> make_cuda_ops(int local_rank) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   MOP_USER_CHECK(e == cudaSuccess && count > 0, "train.device: cuda, but no CUDA device is available",
                  e == cudaSuccess ? std::string() : std::string(" (") + cudaGetErrorString(e) + ")");
+  MOP_CUDA_CHECK(cudaSetDevice(local_rank % count));
   return std::make_unique<CudaOps>();
 }
 

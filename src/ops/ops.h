@@ -176,7 +176,8 @@ class Ops {
 
 // The CPU reference backend (always available).
 std::unique_ptr<Ops> make_cpu_ops();
-// The CUDA backend on the current device (binaries built with MOP_CUDA; see cuda_ops.h).
-std::unique_ptr<Ops> make_cuda_ops();
+// The CUDA backend (binaries built with MOP_CUDA; see cuda_ops.h) on GPU local_rank % #GPUs of
+// this host: one GPU per local rank.
+std::unique_ptr<Ops> make_cuda_ops(int local_rank);
 
 }  // namespace mop

@@ -19,8 +19,21 @@ Optimizer::Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops, MemKi
 }
 
 void Optimizer::init_weights(uint64_t seed) {
-  MOP_CHECK(master_.kind() != MemKind::Device, "master weights are initialised in host memory");
-  init_params(params_.layout(), params_, static_cast<float*>(master_.data()), seed);
+  const ModelLayout& layout = params_.layout();
+  std::vector<float> host;  // staging when the state lives on the device
+  for (int p = 0; p < params_.num_params(); ++p) {
+    Tensor dst = master(p);
+    if (dst.device == Device::CPU) {
+      init_param(layout, p, dst.ptr<float>(), seed);
+    } else {
+      host.resize(size_t(dst.numel()));
+      init_param(layout, p, host.data(), seed);
+      Tensor src = dst;
+      src.data = host.data();
+      src.device = Device::CPU;
+      ops_.copy(dst, src);
+    }
+  }
   sync_weights();
 }
 

@@ -34,11 +34,19 @@ class Optimizer {
   Tensor master(int p) const { return params_.shaped(master_, DType::F32, p); }
   Tensor exp_avg(int p) const { return params_.shaped(m_, DType::F32, p); }
   Tensor exp_avg_sq(int p) const { return params_.shaped(v_, DType::F32, p); }
+  // The whole state buffers (ParamStore layout), for checkpoints.
+  Tensor master_flat() const { return flat(master_); }
+  Tensor exp_avg_flat() const { return flat(m_); }
+  Tensor exp_avg_sq_flat() const { return flat(v_); }
+  Ops& ops() const { return ops_; }
   int64_t updates() const { return updates_; }  // steps applied (bias correction)
   void set_updates(int64_t n) { updates_ = n; }
   size_t state_bytes() const { return master_.bytes() + m_.bytes() + v_.bytes(); }
 
  private:
+  Tensor flat(const Buffer& b) const {
+    return Tensor(b.data(), DType::F32, {params_.total_elements()}, b.device());
+  }
   OptimConfig cfg_;
   ParamStore& params_;
   Ops& ops_;

@@ -19,6 +19,7 @@ constexpr const char* kOptimizerFile = "optimizer.safetensors";
 
 // The fp32 view of checkpoint tensor `v` inside parameter tensor `param` (a flat-buffer slot).
 Tensor hf_slice(const Tensor& param, const HfView& v) {
+  MOP_CHECK(param.device == Device::CPU, "checkpoint tensors are read and written from host memory");
   Tensor t(static_cast<char*>(param.data) + size_t(v.offset) * sizeof(float), DType::F32, {});
   t.ndim = int(v.shape.size());
   for (int i = 0; i < t.ndim; ++i) t.shape[i] = v.shape[i];
@@ -58,6 +59,15 @@ std::string shape_key_differences(const Config& saved, const Config& now) {
   return out;
 }
 
+// A host-readable copy of a flat state buffer: itself when it is in host memory, else staged into
+// `keep` (checkpoints are rare; the staging is freed when `keep` goes).
+void* host_flat(Ops& ops, const Tensor& flat, Buffer& keep) {
+  if (flat.device == Device::CPU) return flat.data;
+  keep = Buffer(MemKind::Host, flat.bytes());
+  ops.copy(Tensor(keep.data(), flat.dtype, {flat.numel()}, Device::CPU), flat);
+  return keep.data();
+}
+
 void load_tensors(const SafetensorsFile& file, const ModelLayout& layout, const std::string& suffix,
                   const std::function<Tensor(int)>& param_slot, const std::string& differences) {
   for (const HfView& v : layout.hf_views()) {
@@ -82,15 +92,26 @@ std::string save_checkpoint(const Config& cfg, const ParamStore& params, const O
   if (world.is_root()) {
     const ModelLayout& layout = params.layout();
     CheckpointWriter w = CheckpointWriter::begin(cfg.checkpoint.dir, state.step);
-    std::vector<SafetensorsEntry> model, moments;
-    for (const HfView& v : layout.hf_views()) {
-      model.push_back({v.name, hf_slice(optim.master(v.param), v)});
-      moments.push_back({v.name + ".exp_avg", hf_slice(optim.exp_avg(v.param), v)});
-      moments.push_back({v.name + ".exp_avg_sq", hf_slice(optim.exp_avg_sq(v.param), v)});
-    }
     SafetensorsMetadata meta{{"format", "pt"}, {"producer", "mop " MOP_VERSION}};
-    w.add_file(kModelFile, write_safetensors(w.file(kModelFile), model, meta));
-    w.add_file(kOptimizerFile, write_safetensors(w.file(kOptimizerFile), moments, meta));
+    auto slot = [&](void* base, int p) { return params.shaped_view(base, DType::F32, Device::CPU, p); };
+    {
+      Buffer keep;
+      void* master = host_flat(optim.ops(), optim.master_flat(), keep);
+      std::vector<SafetensorsEntry> model;
+      for (const HfView& v : layout.hf_views()) model.push_back({v.name, hf_slice(slot(master, v.param), v)});
+      w.add_file(kModelFile, write_safetensors(w.file(kModelFile), model, meta));
+    }
+    {
+      Buffer keep_m, keep_v;
+      void* m = host_flat(optim.ops(), optim.exp_avg_flat(), keep_m);
+      void* v2 = host_flat(optim.ops(), optim.exp_avg_sq_flat(), keep_v);
+      std::vector<SafetensorsEntry> moments;
+      for (const HfView& v : layout.hf_views()) {
+        moments.push_back({v.name + ".exp_avg", hf_slice(slot(m, v.param), v)});
+        moments.push_back({v.name + ".exp_avg_sq", hf_slice(slot(v2, v.param), v)});
+      }
+      w.add_file(kOptimizerFile, write_safetensors(w.file(kOptimizerFile), moments, meta));
+    }
     Manifest m;
     m.step = state.step;
     m.config = dump_config(cfg);
@@ -128,8 +149,21 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
   Config saved = load_config_text(m.config, {}, where + " config");
   std::string differences = shape_key_differences(saved, cfg);
   const ModelLayout& layout = params.layout();
-  load_tensors(SafetensorsFile(std::filesystem::path(dir) / kModelFile), layout, "",
-               [&](int p) { return optim.master(p); }, differences);
+  // Reads tensors into a flat state buffer (through host staging when it is on the device).
+  auto load_flat = [&](const SafetensorsFile& file, const std::string& suffix, const Tensor& flat) {
+    Buffer keep;
+    void* base = flat.data;
+    if (flat.device != Device::CPU) {
+      keep = Buffer(MemKind::Host, flat.bytes());
+      base = keep.data();
+    }
+    load_tensors(file, layout, suffix,
+                 [&](int p) { return params.shaped_view(base, DType::F32, Device::CPU, p); },
+                 differences);
+    if (flat.device != Device::CPU)
+      optim.ops().copy(flat, Tensor(base, DType::F32, {flat.numel()}, Device::CPU));
+  };
+  load_flat(SafetensorsFile(std::filesystem::path(dir) / kModelFile), "", optim.master_flat());
   TrainerState st;
   st.step = m.step;
   st.consumed_samples = m.state.at("consumed_samples", where).as_int64(where + ": consumed_samples");
@@ -138,8 +172,8 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
   st.data_fingerprint = m.state.at("data_fingerprint", where).as_uint64(where + ": data_fingerprint");
   if (optim_state) {
     SafetensorsFile f(std::filesystem::path(dir) / kOptimizerFile);
-    load_tensors(f, layout, ".exp_avg", [&](int p) { return optim.exp_avg(p); }, differences);
-    load_tensors(f, layout, ".exp_avg_sq", [&](int p) { return optim.exp_avg_sq(p); }, differences);
+    load_flat(f, ".exp_avg", optim.exp_avg_flat());
+    load_flat(f, ".exp_avg_sq", optim.exp_avg_sq_flat());
     optim.set_updates(st.optimizer_updates);
   }
   optim.sync_weights();

@@ -43,8 +43,8 @@ void truncate_after(const std::string& path, int64_t resume_step) {
 }  // namespace
 
 MetricsLog::MetricsLog(const std::string& path, int64_t total_steps, int64_t interval, bool write,
-                       int64_t resume_step)
-    : total_steps_(total_steps), interval_(interval), write_(write) {
+                       int64_t resume_step, double peak_flops)
+    : total_steps_(total_steps), interval_(interval), write_(write), peak_flops_(peak_flops) {
   if (!write_ || path.empty()) return;
   std::filesystem::path p(path);
   std::error_code ec;
@@ -61,6 +61,8 @@ void MetricsLog::record(const StepMetrics& m) {
   interval_seconds_ += m.step_seconds;
   interval_steps_ += 1;
   interval_tokens_ += m.tokens;
+  interval_flops_ += m.model_flops;
+  for (int c = 0; c < kNumOpCategories; ++c) interval_times_.seconds[c] += m.times.seconds[c];
   if (file_.is_open()) {
     Json j = Json::object();
     j["step"] = m.step;
@@ -71,6 +73,10 @@ void MetricsLog::record(const StepMetrics& m) {
     j["grad_norm"] = std::isfinite(m.grad_norm) ? Json(m.grad_norm) : Json(nullptr);
     j["step_seconds"] = m.step_seconds;
     j["tokens"] = m.tokens;
+    j["model_tflops"] = m.model_flops / std::max(m.step_seconds, 1e-9) / 1e12;
+    Json t = Json::object();
+    for (int c = 0; c < kNumOpCategories; ++c) t[op_category_name(OpCategory(c))] = m.times.seconds[c];
+    j["op_seconds"] = std::move(t);
     if (m.skipped) j["skipped"] = true;
     if (m.val_loss >= 0) j["val_loss"] = m.val_loss;
     file_ << j.dump() << "\n";
@@ -85,7 +91,13 @@ void MetricsLog::record(const StepMetrics& m) {
                  1000.0 * interval_seconds_ / double(interval_steps_), format_duration(eta),
                  m.val_loss >= 0 ? fmt::format(" | val {:.4f}", m.val_loss) : std::string(),
                  m.skipped ? " | SKIPPED" : "");
-    interval_seconds_ = 0;
+    double tflops = interval_flops_ / std::max(interval_seconds_, 1e-9) / 1e12;
+    std::string mfu = peak_flops_ > 0 ? fmt::format(", MFU {:.1f}%", 100e12 * tflops / peak_flops_) : "";
+    OpTimes per_step = interval_times_;
+    for (double& x : per_step.seconds) x /= double(interval_steps_);
+    spdlog::info("             model {:.3g} TFLOP/s{} | per step: {}", tflops, mfu, per_step.describe());
+    interval_seconds_ = interval_flops_ = 0;
+    interval_times_ = OpTimes{};
     interval_steps_ = interval_tokens_ = 0;
   }
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "config/config.h"
+#include "ops/timed_ops.h"
 
 namespace mop {
 
@@ -19,21 +20,26 @@ struct StepMetrics {
   int64_t tokens = 0;  // tokens processed by the step, all ranks
   bool skipped = false;
   double val_loss = -1;  // < 0: not evaluated this step
+  double model_flops = 0;  // model FLOPs of the step (6·N_active + attention, per token)
+  OpTimes times;           // device time by op category
 };
 
 class MetricsLog {
  public:
   // `path` empty: no file. Appends when resuming (resume_step > 0), dropping lines of steps after
   // resume_step left by a run that died after its last checkpoint.
+  // peak_flops > 0: also report MFU against it (the GPU's bf16 dense peak).
   MetricsLog(const std::string& path, int64_t total_steps, int64_t interval, bool write,
-             int64_t resume_step);
+             int64_t resume_step, double peak_flops);
   void record(const StepMetrics& m);
 
  private:
   std::ofstream file_;
   int64_t total_steps_, interval_;
   bool write_;
-  double interval_seconds_ = 0;
+  double peak_flops_ = 0;
+  double interval_seconds_ = 0, interval_flops_ = 0;
+  OpTimes interval_times_;
   int64_t interval_steps_ = 0, interval_tokens_ = 0;
   double avg_step_seconds_ = 0;  // exponential moving average for the ETA
 };

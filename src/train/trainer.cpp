@@ -13,12 +13,19 @@
 #include <csignal>
 
 #include "core/error.h"
+#ifdef MOP_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+#include "ops/timed_ops.h"
 #include "optim/schedule.h"
 #include "train/checkpointing.h"
 
 namespace mop {
 
 namespace {
+
+// H200 (and H100 SXM) dense bf16 Tensor Core peak, the MFU denominator.
+constexpr double kGpuPeakBf16Flops = 989e12;
 
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
@@ -34,19 +41,34 @@ std::string RunPlacement::describe() const {
          " compute, " + std::string(dtype_name(grad)) + " gradients";
 }
 
+bool cuda_device_available() {
+#ifdef MOP_HAVE_CUDA
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+  return false;
+#endif
+}
+
 RunPlacement resolve_placement(const Config& cfg) {
   RunPlacement p;
   const auto& t = cfg.train;
-  bool want_cuda = t.device == "cuda";
-#ifdef MOP_HAVE_CUDA
-  // The CUDA backend lands with the one-GPU issue; until then every run uses the CPU reference.
-  MOP_USER_CHECK(!want_cuda, "train.device: cuda is not supported by this version of mop yet; use cpu");
-#else
-  MOP_USER_CHECK(!want_cuda, "train.device: cuda, but this mop was built without CUDA (MOP_CUDA=OFF)");
+#ifndef MOP_HAVE_CUDA
+  MOP_USER_CHECK(t.device != "cuda", "train.device: cuda, but this mop was built without CUDA (MOP_CUDA=OFF)");
 #endif
-  p.device = Device::CPU;
+  bool cuda = t.device == "cuda" || (t.device == "auto" && cuda_device_available());
+  if (cuda) {
+    // The CUDA kernels compute in bf16 with fp32 accumulation, statistics and gradients.
+    MOP_USER_CHECK(t.precision == "auto" || t.precision == "bf16", "train.precision: ", t.precision,
+                   " is not available on the GPU (bf16 only); use auto or bf16, or train.device: cpu");
+    p.device = Device::CUDA;
+    p.compute = DType::BF16;
+    p.grad = DType::F32;
+    return p;
+  }
   MOP_USER_CHECK(t.precision != "bf16", "train.precision: bf16 needs train.device: cuda; the CPU "
                  "backend runs fp32 or fp64");
+  p.device = Device::CPU;
   p.compute = t.precision == "fp64" ? DType::F64 : DType::F32;
   p.grad = p.compute;
   return p;
@@ -67,9 +89,13 @@ TokenLoaderOptions make_loader_options(const Config& cfg) {
   return lo;
 }
 
-std::unique_ptr<Ops> make_ops(const RunPlacement& placement) {
-  MOP_CHECK(placement.device == Device::CPU, "no backend for ", device_name(placement.device));
-  return make_cpu_ops();
+std::unique_ptr<Ops> make_ops(const RunPlacement& placement, int local_rank) {
+  if (placement.device == Device::CPU) return make_cpu_ops();
+#ifdef MOP_HAVE_CUDA
+  return make_cuda_ops(local_rank);
+#else
+  MOP_UNREACHABLE("CUDA placement in a CPU-only build");
+#endif
 }
 
 MemoryEstimate estimate_memory(const Config& cfg, const RunPlacement& placement) {
@@ -110,11 +136,14 @@ void Trainer::build() {
 
   // 1. Backend. 2. Layout, parameters, optimizer state.
   placement_ = resolve_placement(cfg_);
-  ops_ = make_ops(placement_);
+  auto timed = std::make_unique<TimedOps>(make_ops(placement_, world_.local_rank));
+  timed_ = timed.get();
+  ops_ = std::move(timed);
+  device_used_at_start_ = device_memory_used();
   layout_ = ModelLayout::build(ModelDims::from(cfg_));
   MemKind mem = placement_.device == Device::CUDA ? MemKind::Device : MemKind::Host;
   params_ = std::make_unique<ParamStore>(layout_, placement_.compute, placement_.grad, mem);
-  optim_ = std::make_unique<Optimizer>(cfg_.optim, *params_, *ops_, MemKind::Host);
+  optim_ = std::make_unique<Optimizer>(cfg_.optim, *params_, *ops_, mem);
 
   // 3. Data.
   loader_ = std::make_unique<TokenLoader>(make_loader_options(cfg_));
@@ -132,24 +161,39 @@ void Trainer::build() {
   model_->allocate();
   size_t tokens = size_t(micro_batches_) * size_t(cfg_.train.micro_batch_size) * size_t(cfg_.data.seq_len);
   ids_.assign(tokens, 0), targets_.assign(tokens, 0), positions_.assign(tokens, 0);
+  if (placement_.device == Device::CUDA) {  // one micro-batch's ids/targets/positions on the GPU
+    const int64_t T = cfg_.train.micro_batch_size * cfg_.data.seq_len;
+    batch_dev_ = Buffer(MemKind::Device, size_t(3 * T) * sizeof(int32_t));
+  }
 
   // 5. Weights.
   resume_or_init();
 
   size_t weights = size_t(params_->total_elements()) * (dtype_size(placement_.compute) + dtype_size(placement_.grad));
+  planned_device_bytes_ = weights + optim_->state_bytes() + model_->planned_bytes() +
+                          ops_->workspace_bytes() + batch_dev_.bytes();
   spdlog::info("model: {} layers, {:.2f}M parameters ({:.2f}M active per token) | {} | data: {}",
                cfg_.model.num_layers, layout_.num_params() / 1e6, layout_.num_active_params() / 1e6,
                placement_.describe(), loader_->summary());
-  spdlog::info("memory per rank: weights+grads {}, optimizer state {}, activations {} | batch: {} "
-               "sequences × {} tokens per step, {} micro-batch(es) of {} per rank",
+  spdlog::info("memory per rank: weights+grads {}, optimizer state {}, activations {}, backend "
+               "workspaces {} = {} planned | batch: {} sequences × {} tokens per step, {} "
+               "micro-batch(es) of {} per rank",
                format_bytes(double(weights)), format_bytes(double(optim_->state_bytes())),
-               format_bytes(double(model_->planned_bytes())), cfg_.train.global_batch_size,
+               format_bytes(double(model_->planned_bytes())), format_bytes(double(ops_->workspace_bytes())),
+               format_bytes(double(planned_device_bytes_)), cfg_.train.global_batch_size,
                cfg_.data.seq_len, micro_batches_, cfg_.train.micro_batch_size);
   std::string metrics_path = cfg_.log.metrics_file.empty()
                                  ? cfg_.checkpoint.dir + "/metrics.jsonl"
                                  : cfg_.log.metrics_file;
+  // Model FLOPs per token: 6·N_active (forward + backward of every active weight) plus causal
+  // attention forward + backward, 6·S·heads·head_dim per layer.
+  const ModelDims& d = layout_.dims;
+  flops_per_token_ = 6.0 * double(layout_.num_active_params()) +
+                     6.0 * double(cfg_.data.seq_len) * double(d.heads * d.head_dim) * double(d.layers);
+  double peak = placement_.device == Device::CUDA ? kGpuPeakBf16Flops : 0.0;
   metrics_ = std::make_unique<MetricsLog>(metrics_path, cfg_.train.steps, cfg_.log.interval,
-                                          world_.is_root(), step_);
+                                          world_.is_root(), step_, peak);
+  timed_->collect();  // setup work is not part of step 1
 }
 
 void Trainer::resume_or_init() {
@@ -194,7 +238,26 @@ Batch Trainer::micro_batch(int m) {
   batch.ids = Tensor(ids_.data() + off, DType::I32, {T});
   batch.targets = Tensor(targets_.data() + off, DType::I32, {T});
   batch.positions = Tensor(positions_.data() + off, DType::I32, {T});
+  if (batch_dev_.data()) {
+    int32_t* dev = static_cast<int32_t*>(batch_dev_.data());
+    Tensor* parts[3] = {&batch.ids, &batch.targets, &batch.positions};
+    for (int i = 0; i < 3; ++i) {
+      Tensor d(dev + i * T, DType::I32, {T}, Device::CUDA);
+      ops_->copy(d, *parts[i]);
+      *parts[i] = d;
+    }
+  }
   return batch;
+}
+
+size_t Trainer::device_memory_used() const {
+#ifdef MOP_HAVE_CUDA
+  if (placement_.device == Device::CUDA) {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) return total - free;
+  }
+#endif
+  return 0;
 }
 
 void Trainer::train_step(StepMetrics& sm) {
@@ -223,7 +286,9 @@ void Trainer::train_step(StepMetrics& sm) {
   if (!std::isfinite(sm.loss) || !std::isfinite(sm.aux_loss) || !std::isfinite(sm.z_loss)) {
     bad = "the loss is " + std::to_string(sm.loss);
   } else {
+    timed_->force_category(OpCategory::Optimizer);
     rep = optim_->step(float(lr));
+    timed_->clear_forced_category();
     sm.grad_norm = rep.grad_norm;
     if (!rep.applied) bad = "non-finite gradient in " + rep.nonfinite_param;
   }
@@ -236,7 +301,9 @@ void Trainer::train_step(StepMetrics& sm) {
   consumed_samples_ += cfg_.train.global_batch_size;
   ++step_;
   sm.step = step_;
+  sm.times = timed_->collect();
   sm.step_seconds = now_seconds() - t0;
+  sm.model_flops = flops_per_token_ * double(sm.tokens);
 }
 
 double Trainer::evaluate() {
@@ -281,6 +348,13 @@ void Trainer::run() {
         (step_ % cfg_.train.eval_interval == 0 || step_ == cfg_.train.steps))
       sm.val_loss = evaluate();
     metrics_->record(sm);
+    if (step_ == 1 && placement_.device == Device::CUDA) {
+      // After a whole step every plan and workspace exists: compare with the plan.
+      double used = double(device_memory_used() - device_used_at_start_);
+      spdlog::info("device memory: planned {}, in use after step 1 {} ({:+.1f}%)",
+                   format_bytes(double(planned_device_bytes_)), format_bytes(used),
+                   100.0 * (used - double(planned_device_bytes_)) / double(planned_device_bytes_));
+    }
     if (cfg_.checkpoint.interval > 0 && step_ % cfg_.checkpoint.interval == 0) save_checkpoint();
     if (stop_requested()) {
       spdlog::warn("stop requested by signal; checkpointing at step {} and exiting", step_);

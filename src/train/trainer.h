@@ -10,6 +10,7 @@
 #include "config/config.h"
 #include "data/loader.h"
 #include "model/transformer.h"
+#include "ops/timed_ops.h"
 #include "optim/optimizer.h"
 #include "parallel/world.h"
 #include "train/metrics.h"
@@ -32,7 +33,7 @@ struct MemoryEstimate {
 };
 MemoryEstimate estimate_memory(const Config& cfg, const RunPlacement& placement);
 
-std::unique_ptr<Ops> make_ops(const RunPlacement& placement);
+std::unique_ptr<Ops> make_ops(const RunPlacement& placement, int local_rank = 0);
 TokenLoaderOptions make_loader_options(const Config& cfg);
 
 class Trainer {
@@ -52,11 +53,14 @@ class Trainer {
   double evaluate();
   void save_checkpoint();
   bool stop_requested();
+  size_t device_memory_used() const;  // bytes in use on this rank's GPU (0 on the CPU)
 
   Config cfg_;
   World& world_;
   RunPlacement placement_;
-  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<Ops> ops_;  // a TimedOps around the backend
+  TimedOps* timed_ = nullptr;
+  double flops_per_token_ = 0;
   ModelLayout layout_;
   std::unique_ptr<ParamStore> params_;
   std::unique_ptr<Optimizer> optim_;
@@ -71,6 +75,8 @@ class Trainer {
   std::vector<int32_t> ids_, targets_, positions_;  // this rank's micro-batches of the step
   int64_t step_valid_tokens_ = 0;                   // unmasked targets of the step, all ranks
   int64_t last_saved_step_ = -1;
+  Buffer batch_dev_;  // one micro-batch's ids, targets, positions on the GPU
+  size_t device_used_at_start_ = 0, planned_device_bytes_ = 0;
 };
 
 }  // namespace mop
