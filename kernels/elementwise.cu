@@ -1,0 +1,376 @@
+// Elementwise kernels (fill, convert, add, SwiGLU) and the two-stage sum / sum-of-squares.
+// Memory-bound: each thread moves 16-byte vectors where the pointers allow, with a scalar loop for
+// the tail and for misaligned views; SwiGLU runs one warp per row so no index is divided.
+#include <algorithm>
+
+#include "core/cuda_check.h"
+#include "kernels/elementwise.cuh"
+
+namespace mop::kernels {
+namespace {
+
+using namespace detail;
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / kWarpSize;
+
+// bf16 is carried as its uint16_t bit pattern.
+using Bf16Bits = uint16_t;
+
+// Calls f(T{}) with the storage type of a float dtype.
+template <class F>
+void dispatch_float_storage(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::F32:
+      f(float{});
+      return;
+    case DType::F64:
+      f(double{});
+      return;
+    case DType::BF16:
+      f(Bf16Bits{});
+      return;
+    default:
+      MOP_CHECK(false, "not a float dtype: ", dtype_name(dtype));
+  }
+}
+
+template <class T>
+__device__ __forceinline__ double to_double(T x) {
+  if constexpr (std::is_same_v<T, Bf16Bits>)
+    return double(bf16_bits_to_float(x));
+  else
+    return double(x);
+}
+
+// One element converted from S to D (float↔double round to nearest; to bf16 rounds once, to
+// nearest-even: cvt.rn.bf16.f64 on sm_90 for doubles, so no double rounding through float).
+template <class D, class S>
+__device__ __forceinline__ D convert_elem(S x) {
+  if constexpr (std::is_same_v<S, D>) {
+    return x;
+  } else if constexpr (std::is_same_v<D, Bf16Bits>) {
+    if constexpr (std::is_same_v<S, double>)
+      return __bfloat16_as_ushort(__double2bfloat16(x));
+    else
+      return float_to_bf16_bits(x);
+  } else if constexpr (std::is_same_v<S, Bf16Bits>) {
+    return D(bf16_bits_to_float(x));
+  } else {
+    return D(x);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ T add_elem(T a, T b) {
+  if constexpr (std::is_same_v<T, Bf16Bits>)
+    return float_to_bf16_bits(bf16_bits_to_float(a) + bf16_bits_to_float(b));
+  else
+    return a + b;
+}
+
+// ---- kernels: vector part [0, num_vec) then scalar tail [num_vec·N, n) --------------------------
+
+template <class T>
+__global__ void fill_kernel(T* x, T value, int64_t n, int64_t num_vec) {
+  constexpr int N = 16 / sizeof(T);
+  Packed<T, N> pv;
+#pragma unroll
+  for (int k = 0; k < N; ++k) pv.v[k] = value;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t i = tid; i < num_vec; i += stride) store_packed(x + i * N, pv);
+  for (int64_t i = num_vec * N + tid; i < n; i += stride) x[i] = value;
+}
+
+template <class D, class S>
+__global__ void convert_kernel(D* __restrict__ dst, const S* __restrict__ src, int64_t n,
+                               int64_t num_vec) {
+  constexpr int N = 16 / (sizeof(S) > sizeof(D) ? sizeof(S) : sizeof(D));
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t i = tid; i < num_vec; i += stride) {
+    const Packed<S, N> a = load_packed<S, N>(src + i * N);
+    Packed<D, N> b;
+#pragma unroll
+    for (int k = 0; k < N; ++k) b.v[k] = convert_elem<D>(a.v[k]);
+    store_packed(dst + i * N, b);
+  }
+  for (int64_t i = num_vec * N + tid; i < n; i += stride) dst[i] = convert_elem<D>(src[i]);
+}
+
+// No __restrict__: out may alias a or b (each element is read before it is written, by one thread).
+template <class T>
+__global__ void add_kernel(T* out, const T* a, const T* b, int64_t n, int64_t num_vec) {
+  constexpr int N = 16 / sizeof(T);
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t i = tid; i < num_vec; i += stride) {
+    const Packed<T, N> pa = load_packed<T, N>(a + i * N), pb = load_packed<T, N>(b + i * N);
+    Packed<T, N> po;
+#pragma unroll
+    for (int k = 0; k < N; ++k) po.v[k] = add_elem(pa.v[k], pb.v[k]);
+    store_packed(out + i * N, po);
+  }
+  for (int64_t i = num_vec * N + tid; i < n; i += stride) out[i] = add_elem(a[i], b[i]);
+}
+
+// Sum (or sum of squares) of one vector, returned in fp64. f32 and f64 terms are formed and added
+// in fp64 (a float's square is exact there). bf16 terms are paired in fp32 first — a bf16 square
+// is exact in fp32 and the pair sum rounds once (2^-24 relative) — which halves the fp64
+// conversions, the scarce unit at bf16 bandwidth.
+template <bool kSquare, class T, int N>
+__device__ __forceinline__ double vector_sum(const Packed<T, N>& p) {
+  double s = 0;
+  if constexpr (std::is_same_v<T, Bf16Bits>) {
+#pragma unroll
+    for (int k = 0; k < N; k += 2) {
+      const float a = bf16_bits_to_float(p.v[k]), b = bf16_bits_to_float(p.v[k + 1]);
+      s += double(kSquare ? a * a + b * b : a + b);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const double d = double(p.v[k]);
+      s += kSquare ? d * d : d;
+    }
+  }
+  return s;
+}
+
+template <class T, bool kSquare>
+__global__ void __launch_bounds__(kThreads)
+    reduce_stage1_kernel(double* __restrict__ partials, const T* __restrict__ x, int64_t n,
+                         int64_t num_vec) {
+  constexpr int N = 16 / sizeof(T);
+  __shared__ double smem[kWarpSize];
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  double acc = 0;
+  for (int64_t i = tid; i < num_vec; i += stride)
+    acc += vector_sum<kSquare>(load_packed<T, N>(x + i * N));
+  for (int64_t i = num_vec * N + tid; i < n; i += stride) {
+    const double d = to_double(x[i]);
+    acc += kSquare ? d * d : d;
+  }
+  acc = block_sum(acc, smem);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+template <class Out>
+__global__ void __launch_bounds__(kReduceMaxBlocks)
+    reduce_stage2_kernel(Out* __restrict__ out, const double* __restrict__ partials,
+                         int num_partials) {
+  __shared__ double smem[kWarpSize];
+  double acc = 0;
+  for (int i = int(threadIdx.x); i < num_partials; i += int(blockDim.x)) acc += partials[i];
+  acc = block_sum(acc, smem);
+  if (threadIdx.x == 0) *out = Out(acc);
+}
+
+// σ(x) = 1/(1 + e^-x) with the fast exponential (≤ 2 + 1.16|x| ulp, far below the bf16 output's
+// 2^-9): SwiGLU runs at bandwidth, and the special-function unit would otherwise be its limit.
+__device__ __forceinline__ float sigmoid(float x) {
+  return __frcp_rn(1.0f + __expf(-x));
+}
+
+// Operation order as the CPU reference: h = (g·σ)·u.
+__device__ __forceinline__ float swiglu_value(float g, float u) {
+  return g * sigmoid(g) * u;
+}
+
+// dg = ((dh·u)·σ)·(1 + g·(1 − σ)),  du = (dh·g)·σ.
+__device__ __forceinline__ void swiglu_grad(float g, float u, float d, float& dg, float& du) {
+  const float sig = sigmoid(g);
+  dg = d * u * sig * (1.0f + g * (1.0f - sig));
+  du = d * g * sig;
+}
+
+// One warp per row; kVec = 8 moves 16-byte vectors (width % 8 == 0, aligned), kVec = 1 elements.
+template <int kVec>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_fwd_kernel(__nv_bfloat16* __restrict__ h, const __nv_bfloat16* __restrict__ gu,
+                      int64_t rows, int64_t width) {
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int64_t num_warps = int64_t(gridDim.x) * kWarpsPerBlock;
+  const int64_t num_vec = width / kVec;
+  for (int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize; r < rows;
+       r += num_warps) {
+    const __nv_bfloat16* g = gu + r * 2 * width;
+    const __nv_bfloat16* u = g + width;
+    __nv_bfloat16* out = h + r * width;
+    for (int64_t v = lane; v < num_vec; v += kWarpSize) {
+      if constexpr (kVec == 8) {
+        float gf[8], uf[8], hf[8];
+        unpack_bf16x8(load_bf16x8(g + v * 8), gf);
+        unpack_bf16x8(load_bf16x8(u + v * 8), uf);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) hf[k] = swiglu_value(gf[k], uf[k]);
+        store_bf16x8(out + v * 8, pack_bf16x8(hf));
+      } else {
+        out[v] = float_to_bf16(swiglu_value(bf16_to_float(g[v]), bf16_to_float(u[v])));
+      }
+    }
+  }
+}
+
+// No __restrict__ on dgu and gu: they may alias (a thread reads g and u of its columns before it
+// writes dg and du of the same columns; no other thread touches them).
+template <int kVec>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_bwd_kernel(__nv_bfloat16* dgu, const __nv_bfloat16* __restrict__ dh,
+                      const __nv_bfloat16* gu, int64_t rows, int64_t width) {
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int64_t num_warps = int64_t(gridDim.x) * kWarpsPerBlock;
+  const int64_t num_vec = width / kVec;
+  for (int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize; r < rows;
+       r += num_warps) {
+    const __nv_bfloat16* g = gu + r * 2 * width;
+    const __nv_bfloat16* u = g + width;
+    const __nv_bfloat16* d = dh + r * width;
+    __nv_bfloat16* dg = dgu + r * 2 * width;
+    __nv_bfloat16* du = dg + width;
+    for (int64_t v = lane; v < num_vec; v += kWarpSize) {
+      if constexpr (kVec == 8) {
+        float gf[8], uf[8], df[8], dgf[8], duf[8];
+        unpack_bf16x8(load_bf16x8(g + v * 8), gf);
+        unpack_bf16x8(load_bf16x8(u + v * 8), uf);
+        unpack_bf16x8(load_bf16x8(d + v * 8), df);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) swiglu_grad(gf[k], uf[k], df[k], dgf[k], duf[k]);
+        store_bf16x8(dg + v * 8, pack_bf16x8(dgf));
+        store_bf16x8(du + v * 8, pack_bf16x8(duf));
+      } else {
+        float dgv, duv;
+        swiglu_grad(bf16_to_float(g[v]), bf16_to_float(u[v]), bf16_to_float(d[v]), dgv, duv);
+        dg[v] = float_to_bf16(dgv);
+        du[v] = float_to_bf16(duv);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void fill(void* x, uint64_t bits, size_t elem_size, int64_t n, cudaStream_t stream) {
+  MOP_CHECK(n >= 0 && (x || n == 0), "fill: n = ", n);
+  if (n == 0) return;
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int N = 16 / sizeof(T);
+    const int64_t num_vec = aligned_to(x, 16) ? n / N : 0;
+    const int64_t items = std::max(num_vec, n - num_vec * N);
+    fill_kernel<T><<<grid_for(items, kThreads), kThreads, 0, stream>>>(static_cast<T*>(x), T(bits),
+                                                                       n, num_vec);
+  };
+  switch (elem_size) {
+    case 2:
+      launch(uint16_t{});
+      break;
+    case 4:
+      launch(uint32_t{});
+      break;
+    case 8:
+      launch(uint64_t{});
+      break;
+    default:
+      MOP_CHECK(false, "fill: element size ", elem_size);
+  }
+  MOP_CUDA_CHECK_LAUNCH();
+}
+
+void convert(void* dst, DType dst_dtype, const void* src, DType src_dtype, int64_t n,
+             cudaStream_t stream) {
+  MOP_CHECK(n >= 0 && ((dst && src) || n == 0), "convert: n = ", n);
+  if (n == 0) return;
+  if (dst_dtype == src_dtype) {
+    MOP_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * dtype_size(src_dtype),
+                                   cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  dispatch_float_storage(dst_dtype, [&](auto dtag) {
+    dispatch_float_storage(src_dtype, [&](auto stag) {
+      using D = decltype(dtag);
+      using S = decltype(stag);
+      constexpr int N = 16 / (sizeof(S) > sizeof(D) ? sizeof(S) : sizeof(D));
+      const bool vec = aligned_to(dst, sizeof(D) * N) && aligned_to(src, sizeof(S) * N);
+      const int64_t num_vec = vec ? n / N : 0;
+      const int64_t items = std::max(num_vec, n - num_vec * N);
+      convert_kernel<D, S><<<grid_for(items, kThreads), kThreads, 0, stream>>>(
+          static_cast<D*>(dst), static_cast<const S*>(src), n, num_vec);
+    });
+  });
+  MOP_CUDA_CHECK_LAUNCH();
+}
+
+void add(void* out, const void* a, const void* b, DType dtype, int64_t n, cudaStream_t stream) {
+  MOP_CHECK(n >= 0 && ((out && a && b) || n == 0), "add: n = ", n);
+  if (n == 0) return;
+  dispatch_float_storage(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int N = 16 / sizeof(T);
+    const bool vec = aligned_to(out, 16) && aligned_to(a, 16) && aligned_to(b, 16);
+    const int64_t num_vec = vec ? n / N : 0;
+    const int64_t items = std::max(num_vec, n - num_vec * N);
+    add_kernel<T><<<grid_for(items, kThreads), kThreads, 0, stream>>>(
+        static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n, num_vec);
+  });
+  MOP_CUDA_CHECK_LAUNCH();
+}
+
+void reduce_sum(void* out, DType out_dtype, const void* x, DType x_dtype, int64_t n, bool square,
+                double* partials, cudaStream_t stream) {
+  MOP_CHECK(out && partials && n >= 0 && (x || n == 0), "reduce_sum: n = ", n);
+  MOP_CHECK(out_dtype == DType::F32 || out_dtype == DType::F64, "reduce_sum: out dtype ",
+            dtype_name(out_dtype));
+  // The grid depends only on n and x's alignment, so the summation order does too.
+  int num_blocks = 1;
+  dispatch_float_storage(x_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int N = 16 / sizeof(T);
+    const int64_t num_vec = aligned_to(x, 16) ? n / N : 0;
+    const int64_t items = std::max(num_vec, n - num_vec * N);
+    num_blocks = int(grid_for(items, kThreads, kReduceMaxBlocks));
+    const T* px = static_cast<const T*>(x);
+    if (square)
+      reduce_stage1_kernel<T, true><<<num_blocks, kThreads, 0, stream>>>(partials, px, n, num_vec);
+    else
+      reduce_stage1_kernel<T, false><<<num_blocks, kThreads, 0, stream>>>(partials, px, n, num_vec);
+  });
+  MOP_CUDA_CHECK_LAUNCH();
+  if (out_dtype == DType::F32)
+    reduce_stage2_kernel<float>
+        <<<1, kReduceMaxBlocks, 0, stream>>>(static_cast<float*>(out), partials, num_blocks);
+  else
+    reduce_stage2_kernel<double>
+        <<<1, kReduceMaxBlocks, 0, stream>>>(static_cast<double*>(out), partials, num_blocks);
+  MOP_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_fwd(__nv_bfloat16* h, const __nv_bfloat16* gu, int64_t rows, int64_t width,
+                cudaStream_t stream) {
+  MOP_CHECK(rows >= 0 && width >= 0 && ((h && gu) || rows * width == 0), "swiglu_fwd: ", rows, "×",
+            width);
+  if (rows == 0 || width == 0) return;
+  const unsigned blocks = grid_for(rows, kWarpsPerBlock);
+  if (width % 8 == 0 && aligned_to(h, 16) && aligned_to(gu, 16))
+    swiglu_fwd_kernel<8><<<blocks, kThreads, 0, stream>>>(h, gu, rows, width);
+  else
+    swiglu_fwd_kernel<1><<<blocks, kThreads, 0, stream>>>(h, gu, rows, width);
+  MOP_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_bwd(__nv_bfloat16* dgu, const __nv_bfloat16* dh, const __nv_bfloat16* gu, int64_t rows,
+                int64_t width, cudaStream_t stream) {
+  MOP_CHECK(rows >= 0 && width >= 0 && ((dgu && dh && gu) || rows * width == 0),
+            "swiglu_bwd: ", rows, "×", width);
+  if (rows == 0 || width == 0) return;
+  const unsigned blocks = grid_for(rows, kWarpsPerBlock);
+  if (width % 8 == 0 && aligned_to(dgu, 16) && aligned_to(dh, 16) && aligned_to(gu, 16))
+    swiglu_bwd_kernel<8><<<blocks, kThreads, 0, stream>>>(dgu, dh, gu, rows, width);
+  else
+    swiglu_bwd_kernel<1><<<blocks, kThreads, 0, stream>>>(dgu, dh, gu, rows, width);
+  MOP_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mop::kernels
