@@ -1,0 +1,458 @@
+// CudaOps' GEMM family: dense GEMM (cuBLASLt, cuda_gemm_lt.h), grouped expert GEMMs, and the fused
+// LM head + cross-entropy (cuBLASLt logits per token chunk, kernels/cross_entropy.cu). A grouped
+// GEMM runs as one cublasGemmGroupedBatchedEx ("grouped"; bf16 C only), one cuBLASLt matmul per
+// non-empty expert ("loop"), or those matmuls spread over side streams ("streams").
+// MOP_GROUPED_GEMM=grouped|loop|streams|auto picks one, read at every call so a benchmark can
+// switch; auto (the default) is grouped for small experts, streams otherwise (kLoopMinMeanRows).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "kernels/cross_entropy.cuh"
+#include "ops/cuda_gemm_lt.h"
+#include "ops/cuda_ops.h"
+
+namespace mop {
+namespace {
+
+constexpr size_t kMiB = size_t(1) << 20;
+// cuBLASLt workspace of the op stream; NVIDIA's guidance for Hopper is at least 32 MiB.
+constexpr size_t kWorkspaceBytes = 64 * kMiB;
+// Every per-expert matmul is planned with this much workspace, on the op stream and on the side
+// streams alike: loop and streams then use the same algorithms and agree bitwise.
+constexpr size_t kExpertWorkspaceBytes = 8 * kMiB;
+constexpr int kSideStreams = 4;
+// Pinned pointer-array slots of the grouped path: the host blocks only when it runs this many
+// grouped calls ahead of the device (it must not overwrite a slot whose copy is still queued).
+constexpr int kPointerSlots = 32;
+// auto: cublasGemmGroupedBatchedEx below this mean number of rows per non-empty expert, a call
+// per expert spread over the side streams from it on (and always for the fp32-output weight
+// gradient, which the grouped call cannot do). Measured with `mop_bench grouped` on the H200 at
+// the q3moe-8l expert shapes (E=128): at 256 rows grouped 277–308 TFLOP/s vs loop 106–224 and
+// streams 80–170 (fwd/dgrad); wgrad streams 166 vs loop 112 (gate_up); at 1024 rows streams
+// 315–524 vs grouped 291–328 (fwd/dgrad) and wgrad streams 312–506 vs loop 300–340.
+constexpr int64_t kLoopMinMeanRows = 512;
+
+enum class GroupedPath { Auto, Grouped, Loop, Streams };
+
+GroupedPath requested_grouped_path() {
+  const char* v = std::getenv("MOP_GROUPED_GEMM");
+  if (!v || !*v || !std::strcmp(v, "auto")) return GroupedPath::Auto;
+  if (!std::strcmp(v, "grouped")) return GroupedPath::Grouped;
+  if (!std::strcmp(v, "loop")) return GroupedPath::Loop;
+  if (!std::strcmp(v, "streams")) return GroupedPath::Streams;
+  throw_user_error("MOP_GROUPED_GEMM=", v, ": expected grouped, loop, streams or auto");
+  return GroupedPath::Auto;
+}
+
+// Device tensor of the given dtype and exactly the given shape.
+void expect_cuda(const Tensor& t, const char* name, DType dtype,
+                 std::initializer_list<int64_t> dims) {
+  MOP_CHECK(t.device == Device::CUDA, name, " is on ", device_name(t.device), ", expected cuda");
+  MOP_CHECK(t.dtype == dtype, name, " has dtype ", dtype_name(t.dtype), ", expected ",
+            dtype_name(dtype));
+  bool same = t.ndim == int(dims.size());
+  int i = 0;
+  for (int64_t d : dims) same = same && t.shape[i++] == d;
+  if (!same) {
+    Tensor want(nullptr, dtype, dims);
+    MOP_CHECK(false, name, " has shape ", t.shape_str(), ", expected ", want.shape_str());
+  }
+  MOP_CHECK(t.data != nullptr || t.numel() == 0, name, " has no data");
+}
+
+bool overlap(const Tensor& x, const Tensor& y) {
+  const char *xb = static_cast<const char*>(x.data), *yb = static_cast<const char*>(y.data);
+  return x.bytes() > 0 && y.bytes() > 0 && xb < yb + y.bytes() && yb < xb + x.bytes();
+}
+
+// Address of element i of t (any dtype).
+template <class P = void>
+P* elem(const Tensor& t, int64_t i) {
+  return reinterpret_cast<P*>(static_cast<char*>(t.data) + size_t(i) * dtype_size(t.dtype));
+}
+
+// Host i32 [E+1] with 0 = o[0] ≤ … ≤ o[E] ≤ rows (the CPU reference's checks).
+const int32_t* check_offsets(const Tensor& offsets, int64_t num_experts, int64_t rows,
+                             const char* op) {
+  MOP_CHECK(offsets.device == Device::CPU && offsets.dtype == DType::I32 && offsets.ndim == 1 &&
+                offsets.shape[0] == num_experts + 1 && offsets.data,
+            op, ": offsets must be host i32 [", num_experts + 1, "], is ",
+            dtype_name(offsets.dtype), " ", offsets.shape_str(), " on ",
+            device_name(offsets.device));
+  const int32_t* o = offsets.ptr<int32_t>();
+  MOP_CHECK(o[0] == 0, op, ": offsets[0] = ", o[0]);
+  for (int64_t e = 0; e < num_experts; ++e)
+    MOP_CHECK(o[e] <= o[e + 1], op, ": offsets decrease at expert ", e);
+  MOP_CHECK(o[num_experts] <= rows, op, ": offsets[E] = ", o[num_experts], " > ", rows, " rows");
+  return o;
+}
+
+}  // namespace
+
+struct GemmState {
+  explicit GemmState(cudaStream_t op_stream) : stream(op_stream) {
+    workspace = Buffer(MemKind::Device, kWorkspaceBytes);
+    side_workspace = Buffer(MemKind::Device, kSideStreams * kExpertWorkspaceBytes);
+    for (int i = 0; i < kSideStreams; ++i) {
+      MOP_CUDA_CHECK(cudaStreamCreateWithFlags(&side[i], cudaStreamNonBlocking));
+      MOP_CUDA_CHECK(cudaEventCreateWithFlags(&side_done[i], cudaEventDisableTiming));
+    }
+    MOP_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    for (cudaEvent_t& e : slot_copied)
+      MOP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  ~GemmState() {
+    for (int i = 0; i < kSideStreams; ++i) {
+      cudaStreamSynchronize(side[i]);
+      cudaStreamDestroy(side[i]);
+      cudaEventDestroy(side_done[i]);
+    }
+    cudaEventDestroy(fork);
+    for (cudaEvent_t e : slot_copied) cudaEventDestroy(e);
+  }
+  GemmState(const GemmState&) = delete;
+  GemmState& operator=(const GemmState&) = delete;
+
+  GemmLane lane() const { return {stream, workspace.data(), workspace.bytes()}; }
+  // Lane of a per-expert matmul: side stream i, or the op stream for i < 0.
+  GemmLane expert_lane(int i) const {
+    if (i < 0) return {stream, workspace.data(), kExpertWorkspaceBytes};
+    return {side[i], static_cast<char*>(side_workspace.data()) + size_t(i) * kExpertWorkspaceBytes,
+            kExpertWorkspaceBytes};
+  }
+
+  // Buffers grow only outside prepare (tests, generation): the op stream is drained first, since
+  // queued work may still read the old ones.
+  void reserve_groups(int64_t groups) {
+    if (groups <= group_capacity) return;
+    MOP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    group_ptrs = Buffer(MemKind::Device, size_t(3 * groups) * sizeof(void*));
+    group_ptrs_pinned = Buffer(MemKind::Pinned, size_t(kPointerSlots * 3 * groups) * sizeof(void*));
+    group_capacity = groups;
+    calls.reserve(size_t(groups));
+    for (auto* v : {&m, &n, &k, &lda, &ldb, &ldc, &group_size}) v->reserve(size_t(groups));
+    for (auto* v : {&trans_a, &trans_b}) v->reserve(size_t(groups));
+    for (auto* v : {&alpha, &beta}) v->reserve(size_t(groups));
+  }
+  void reserve_dlogits(int64_t elems) {
+    const size_t bytes = size_t(elems) * sizeof(__nv_bfloat16);
+    if (bytes <= dlogits.bytes()) return;
+    MOP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    dlogits = Buffer(MemKind::Device, bytes);
+  }
+  size_t bytes() const {
+    return workspace.bytes() + side_workspace.bytes() + group_ptrs.bytes() +
+           group_ptrs_pinned.bytes() + dlogits.bytes();
+  }
+
+  cudaStream_t stream;
+  LtGemm lt;
+  Buffer workspace;       // device, kWorkspaceBytes: every op-stream cuBLASLt/cuBLAS call
+  Buffer side_workspace;  // device, kSideStreams × kExpertWorkspaceBytes
+  std::array<cudaStream_t, kSideStreams> side{};
+  std::array<cudaEvent_t, kSideStreams> side_done{};
+  cudaEvent_t fork = nullptr;
+
+  // Per-expert matmuls of the current grouped call (non-empty experts only).
+  std::vector<GemmCall> calls;
+  // cublasGemmGroupedBatchedEx: device pointer arrays [A(G) | B(G) | C(G)] filled by one copy per
+  // call from a pinned slot [kPointerSlots][3·capacity]; slot_copied[s] marks the copy done.
+  int64_t group_capacity = 0;
+  Buffer group_ptrs, group_ptrs_pinned;
+  std::array<cudaEvent_t, kPointerSlots> slot_copied{};
+  int next_slot = 0;
+  std::vector<cublasOperation_t> trans_a, trans_b;
+  std::vector<int> m, n, k, lda, ldb, ldc, group_size;
+  std::vector<float> alpha, beta;
+
+  Buffer dlogits;  // device bf16 [C,V]: one LM-head chunk's dlogits
+};
+
+void GemmStateDeleter::operator()(GemmState* s) const {
+  delete s;
+}
+
+namespace {
+
+GemmState& gemm_state(std::unique_ptr<GemmState, GemmStateDeleter>& slot, cudaStream_t stream) {
+  if (!slot) slot.reset(new GemmState(stream));
+  return *slot;
+}
+
+// cublasGemmGroupedBatchedEx wants bf16 C, int sizes, and 16-byte aligned matrices and rows
+// (otherwise it may fault on a misaligned vector access rather than report an error).
+bool grouped_capable(const std::vector<GemmCall>& calls) {
+  for (const GemmCall& g : calls) {
+    const ColMajorGemm cm = to_col_major(g);
+    if (g.c_dtype != DType::BF16 || std::max({cm.m, cm.n, cm.k}) > INT_MAX) return false;
+    for (int64_t ld : {cm.lda, cm.ldb, cm.ldc})
+      if (ld * 2 % 16 != 0) return false;
+    for (const void* p : {cm.a, cm.b, static_cast<const void*>(g.c)})
+      if (pointer_alignment(p) < 16) return false;
+  }
+  return true;
+}
+
+// One cublasGemmGroupedBatchedEx over st.calls, each expert its own group (sizes differ). Returns
+// false when cuBLAS does not support the problem (the caller then loops).
+bool run_grouped(GemmState& st) {
+  const auto& calls = st.calls;
+  const int64_t num = int64_t(calls.size());
+  st.reserve_groups(num);
+  const int slot = st.next_slot;
+  st.next_slot = (slot + 1) % kPointerSlots;
+  MOP_CUDA_CHECK(cudaEventSynchronize(st.slot_copied[size_t(slot)]));
+  const void** host = static_cast<const void**>(st.group_ptrs_pinned.data()) +
+                      size_t(slot) * 3 * size_t(st.group_capacity);
+  for (auto* v : {&st.m, &st.n, &st.k, &st.lda, &st.ldb, &st.ldc, &st.group_size}) v->clear();
+  st.trans_a.clear();
+  st.trans_b.clear();
+  st.alpha.clear();
+  st.beta.clear();
+  for (int64_t j = 0; j < num; ++j) {
+    const GemmCall& g = calls[size_t(j)];
+    const ColMajorGemm cm = to_col_major(g);
+    host[j] = cm.a;
+    host[num + j] = cm.b;
+    host[2 * num + j] = g.c;
+    st.trans_a.push_back(cm.trans_a);
+    st.trans_b.push_back(cm.trans_b);
+    st.m.push_back(int(cm.m));
+    st.n.push_back(int(cm.n));
+    st.k.push_back(int(cm.k));
+    st.lda.push_back(int(cm.lda));
+    st.ldb.push_back(int(cm.ldb));
+    st.ldc.push_back(int(cm.ldc));
+    st.alpha.push_back(g.alpha);
+    st.beta.push_back(g.beta);
+    st.group_size.push_back(1);
+  }
+  MOP_CUDA_CHECK(cudaMemcpyAsync(st.group_ptrs.data(), host, size_t(3 * num) * sizeof(void*),
+                                 cudaMemcpyHostToDevice, st.stream));
+  MOP_CUDA_CHECK(cudaEventRecord(st.slot_copied[size_t(slot)], st.stream));
+  void** dev = static_cast<void**>(st.group_ptrs.data());
+  st.lt.bind_blas(st.lane());
+  const cublasStatus_t status = cublasGemmGroupedBatchedEx(
+      st.lt.blas(), st.trans_a.data(), st.trans_b.data(), st.m.data(), st.n.data(), st.k.data(),
+      st.alpha.data(), dev, CUDA_R_16BF, st.lda.data(), dev + num, CUDA_R_16BF, st.ldb.data(),
+      st.beta.data(), dev + 2 * num, CUDA_R_16BF, st.ldc.data(), int(num), st.group_size.data(),
+      CUBLAS_COMPUTE_32F);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return false;
+  MOP_CUBLAS_CHECK(status);
+  return true;
+}
+
+// The per-expert matmuls round-robin over the side streams, which wait for the op stream's work
+// so far; the op stream then waits for all of them. Experts write disjoint outputs.
+void run_streams(GemmState& st) {
+  const int used = int(std::min<size_t>(kSideStreams, st.calls.size()));
+  MOP_CUDA_CHECK(cudaEventRecord(st.fork, st.stream));
+  for (int i = 0; i < used; ++i)
+    MOP_CUDA_CHECK(cudaStreamWaitEvent(st.side[size_t(i)], st.fork, 0));
+  for (size_t j = 0; j < st.calls.size(); ++j)
+    st.lt.run(st.calls[j], st.expert_lane(int(j % used)));
+  for (int i = 0; i < used; ++i) {
+    MOP_CUDA_CHECK(cudaEventRecord(st.side_done[size_t(i)], st.side[size_t(i)]));
+    MOP_CUDA_CHECK(cudaStreamWaitEvent(st.stream, st.side_done[size_t(i)], 0));
+  }
+}
+
+void run_expert_gemms(GemmState& st) {
+  if (st.calls.empty()) return;
+  GroupedPath path = requested_grouped_path();
+  const bool capable = grouped_capable(st.calls);
+  if (path == GroupedPath::Auto) {
+    int64_t rows = 0;
+    for (const GemmCall& g : st.calls) rows += g.m;
+    path = capable && rows < kLoopMinMeanRows * int64_t(st.calls.size()) ? GroupedPath::Grouped
+                                                                         : GroupedPath::Streams;
+  }
+  if (path == GroupedPath::Grouped && capable && run_grouped(st)) return;
+  if (path == GroupedPath::Streams) {
+    run_streams(st);
+    return;
+  }
+  for (const GemmCall& g : st.calls) st.lt.run(g, st.expert_lane(-1));
+}
+
+struct LmHeadShape {
+  int64_t tokens, hidden, vocab, chunk;
+};
+
+LmHeadShape check_lmhead(const Tensor& x, const Tensor& w, const Tensor& targets,
+                         const Tensor& workspace, const char* op) {
+  MOP_CHECK(x.ndim == 2 && w.ndim == 2 && workspace.ndim == 2, op, ": x ", x.shape_str(), ", w ",
+            w.shape_str(), ", workspace ", workspace.shape_str());
+  const LmHeadShape s{x.shape[0], x.shape[1], w.shape[0], workspace.shape[0]};
+  MOP_CHECK(s.chunk >= 1, op, ": the workspace holds no rows");
+  MOP_CHECK(s.vocab >= 1, op, ": empty vocabulary");
+  expect_cuda(x, "lmhead_ce: x", DType::BF16, {s.tokens, s.hidden});
+  expect_cuda(w, "lmhead_ce: w", DType::BF16, {s.vocab, s.hidden});
+  expect_cuda(workspace, "lmhead_ce: workspace", DType::F32, {s.chunk, s.vocab});
+  expect_cuda(targets, "lmhead_ce: targets", DType::I32, {s.tokens});
+  return s;
+}
+
+// logits[rows,V] (fp32, the workspace) = x[t0 : t0+rows] · wᵀ.
+GemmCall chunk_logits(const Tensor& workspace, const Tensor& x, const Tensor& w, int64_t t0,
+                      int64_t rows, const LmHeadShape& s) {
+  return {workspace.data,
+          DType::F32,
+          elem(x, t0 * s.hidden),
+          false,
+          w.data,
+          true,
+          rows,
+          s.vocab,
+          s.hidden,
+          1,
+          0};
+}
+
+}  // namespace
+
+void CudaOps::prepare_gemm(const OpShapes& shapes) {
+  GemmState& st = gemm_state(gemm_, stream_);
+  if (shapes.experts > 0) st.reserve_groups(shapes.experts);
+  if (shapes.lm_head_chunk > 0 && shapes.vocab > 0)
+    st.reserve_dlogits(shapes.lm_head_chunk * shapes.vocab);
+}
+
+size_t CudaOps::gemm_workspace_bytes() const {
+  return gemm_ ? gemm_->bytes() : 0;
+}
+
+void CudaOps::gemm(Tensor c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                   float alpha, float beta) {
+  MOP_CHECK(a.ndim == 2 && b.ndim == 2 && c.ndim == 2, "gemm: a ", a.shape_str(), ", b ",
+            b.shape_str(), ", c ", c.shape_str(), " must be matrices");
+  const int64_t m = trans_a ? a.shape[1] : a.shape[0];
+  const int64_t k = trans_a ? a.shape[0] : a.shape[1];
+  const int64_t n = trans_b ? b.shape[0] : b.shape[1];
+  const int64_t kb = trans_b ? b.shape[1] : b.shape[0];
+  MOP_CHECK(k == kb, "gemm: inner dims differ: op(a) is [", m, ",", k, "], op(b) is [", kb, ",", n,
+            "]");
+  expect_cuda(a, "gemm: a", DType::BF16, {a.shape[0], a.shape[1]});
+  expect_cuda(b, "gemm: b", DType::BF16, {b.shape[0], b.shape[1]});
+  MOP_CHECK(c.dtype == DType::BF16 || c.dtype == DType::F32, "gemm: c has dtype ",
+            dtype_name(c.dtype), ", expected bf16 or f32");
+  expect_cuda(c, "gemm: c", c.dtype, {m, n});
+  MOP_CHECK(!overlap(c, a) && !overlap(c, b), "gemm: c must not alias a or b");
+  GemmState& st = gemm_state(gemm_, stream_);
+  st.lt.run({c.data, c.dtype, a.data, trans_a, b.data, trans_b, m, n, k, alpha, beta}, st.lane());
+}
+
+void CudaOps::grouped_gemm_fwd(Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets) {
+  MOP_CHECK(w.ndim == 3 && x.ndim == 2 && y.ndim == 2, "grouped_gemm_fwd: w ", w.shape_str(),
+            ", x ", x.shape_str(), ", y ", y.shape_str());
+  const int64_t num_experts = w.shape[0], n = w.shape[1], k = w.shape[2];
+  expect_cuda(w, "grouped_gemm_fwd: w", DType::BF16, {num_experts, n, k});
+  expect_cuda(x, "grouped_gemm_fwd: x", DType::BF16, {x.shape[0], k});
+  expect_cuda(y, "grouped_gemm_fwd: y", DType::BF16, {y.shape[0], n});
+  const int32_t* o =
+      check_offsets(offsets, num_experts, std::min(x.shape[0], y.shape[0]), "grouped_gemm_fwd");
+  GemmState& st = gemm_state(gemm_, stream_);
+  st.calls.clear();
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t rows = o[e + 1] - o[e];
+    if (rows == 0) continue;
+    // y_e[rows,n] = x_e[rows,k] · w_eᵀ (w_e is [n,k]).
+    st.calls.push_back({elem(y, o[e] * n), DType::BF16, elem(x, o[e] * k), false,
+                        elem(w, e * n * k), true, rows, n, k, 1, 0});
+  }
+  run_expert_gemms(st);
+}
+
+void CudaOps::grouped_gemm_bwd_data(Tensor dx, const Tensor& dy, const Tensor& w,
+                                    const Tensor& offsets) {
+  MOP_CHECK(w.ndim == 3 && dx.ndim == 2 && dy.ndim == 2, "grouped_gemm_bwd_data: w ", w.shape_str(),
+            ", dx ", dx.shape_str(), ", dy ", dy.shape_str());
+  const int64_t num_experts = w.shape[0], n = w.shape[1], k = w.shape[2];
+  expect_cuda(w, "grouped_gemm_bwd_data: w", DType::BF16, {num_experts, n, k});
+  expect_cuda(dx, "grouped_gemm_bwd_data: dx", DType::BF16, {dx.shape[0], k});
+  expect_cuda(dy, "grouped_gemm_bwd_data: dy", DType::BF16, {dy.shape[0], n});
+  const int32_t* o = check_offsets(offsets, num_experts, std::min(dx.shape[0], dy.shape[0]),
+                                   "grouped_gemm_bwd_data");
+  GemmState& st = gemm_state(gemm_, stream_);
+  st.calls.clear();
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t rows = o[e + 1] - o[e];
+    if (rows == 0) continue;
+    // dx_e[rows,k] = dy_e[rows,n] · w_e[n,k].
+    st.calls.push_back({elem(dx, o[e] * k), DType::BF16, elem(dy, o[e] * n), false,
+                        elem(w, e * n * k), false, rows, k, n, 1, 0});
+  }
+  run_expert_gemms(st);
+}
+
+void CudaOps::grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x,
+                                      const Tensor& offsets) {
+  MOP_CHECK(dw.ndim == 3 && x.ndim == 2 && dy.ndim == 2, "grouped_gemm_bwd_weight: dw ",
+            dw.shape_str(), ", x ", x.shape_str(), ", dy ", dy.shape_str());
+  const int64_t num_experts = dw.shape[0], n = dw.shape[1], k = dw.shape[2];
+  expect_cuda(dw, "grouped_gemm_bwd_weight: dw", DType::F32, {num_experts, n, k});
+  expect_cuda(x, "grouped_gemm_bwd_weight: x", DType::BF16, {x.shape[0], k});
+  expect_cuda(dy, "grouped_gemm_bwd_weight: dy", DType::BF16, {dy.shape[0], n});
+  const int32_t* o = check_offsets(offsets, num_experts, std::min(x.shape[0], dy.shape[0]),
+                                   "grouped_gemm_bwd_weight");
+  GemmState& st = gemm_state(gemm_, stream_);
+  st.calls.clear();
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const int64_t rows = o[e + 1] - o[e];
+    if (rows == 0) continue;  // dw_e += 0: left untouched
+    // dw_e[n,k] += dy_e[rows,n]ᵀ · x_e[rows,k]; fp32 C, so never the grouped path.
+    st.calls.push_back({elem(dw, e * n * k), DType::F32, elem(dy, o[e] * n), true,
+                        elem(x, o[e] * k), false, n, k, rows, 1, 1});
+  }
+  run_expert_gemms(st);
+}
+
+void CudaOps::lmhead_ce_fwd(Tensor loss, Tensor lse, const Tensor& x, const Tensor& w,
+                            const Tensor& targets, Tensor workspace) {
+  const LmHeadShape s = check_lmhead(x, w, targets, workspace, "lmhead_ce_fwd");
+  expect_cuda(loss, "lmhead_ce_fwd: loss", DType::F32, {s.tokens});
+  expect_cuda(lse, "lmhead_ce_fwd: lse", DType::F32, {s.tokens});
+  GemmState& st = gemm_state(gemm_, stream_);
+  for (int64_t t0 = 0; t0 < s.tokens; t0 += s.chunk) {
+    const int64_t rows = std::min(s.chunk, s.tokens - t0);
+    st.lt.run(chunk_logits(workspace, x, w, t0, rows, s), st.lane());
+    kernels::cross_entropy_fwd(loss.ptr<float>() + t0, lse.ptr<float>() + t0,
+                               workspace.ptr<float>(), targets.ptr<int32_t>() + t0, rows, s.vocab,
+                               stream_);
+  }
+}
+
+void CudaOps::lmhead_ce_bwd(Tensor dx, Tensor dw, const Tensor& x, const Tensor& w,
+                            const Tensor& targets, const Tensor& lse, float grad_scale,
+                            Tensor workspace) {
+  const LmHeadShape s = check_lmhead(x, w, targets, workspace, "lmhead_ce_bwd");
+  expect_cuda(dx, "lmhead_ce_bwd: dx", DType::BF16, {s.tokens, s.hidden});
+  expect_cuda(dw, "lmhead_ce_bwd: dw", DType::F32, {s.vocab, s.hidden});
+  expect_cuda(lse, "lmhead_ce_bwd: lse", DType::F32, {s.tokens});
+  if (s.tokens == 0) return;
+  GemmState& st = gemm_state(gemm_, stream_);
+  st.reserve_dlogits(std::min(s.chunk, s.tokens) * s.vocab);
+  auto* dlogits = static_cast<__nv_bfloat16*>(st.dlogits.data());
+  for (int64_t t0 = 0; t0 < s.tokens; t0 += s.chunk) {
+    const int64_t rows = std::min(s.chunk, s.tokens - t0);
+    st.lt.run(chunk_logits(workspace, x, w, t0, rows, s), st.lane());
+    kernels::cross_entropy_bwd(dlogits, workspace.ptr<float>(), lse.ptr<float>() + t0,
+                               targets.ptr<int32_t>() + t0, grad_scale, rows, s.vocab, stream_);
+    // dx[chunk] = dlogits[rows,V] · w[V,H] (overwrite);  dw[V,H] += dlogits[rows,V]ᵀ · x[chunk].
+    st.lt.run({elem(dx, t0 * s.hidden), DType::BF16, dlogits, false, w.data, false, rows, s.hidden,
+               s.vocab, 1, 0},
+              st.lane());
+    st.lt.run({dw.data, DType::F32, dlogits, true, elem(x, t0 * s.hidden), false, s.vocab, s.hidden,
+               rows, 1, 1},
+              st.lane());
+  }
+}
+
+}  // namespace mop
