@@ -33,6 +33,10 @@ Buffer::Buffer(MemKind kind, size_t bytes) : bytes_(bytes), kind_(kind) {
                 "): ", cudaGetErrorString(e));
       e = cudaMemset(data_, 0, bytes);
       MOP_CHECK(e == cudaSuccess, "cudaMemset: ", cudaGetErrorString(e));
+      // The memset runs on the legacy default stream, which the backend's non-blocking stream does
+      // not wait for: finish it here (allocation happens before the step loop).
+      e = cudaDeviceSynchronize();
+      MOP_CHECK(e == cudaSuccess, "cudaDeviceSynchronize: ", cudaGetErrorString(e));
       break;
     }
 #else

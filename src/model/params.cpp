@@ -1,6 +1,8 @@
 // Parameter storage layout and deterministic initialisation.
 #include "model/params.h"
 
+#include <algorithm>
+
 #include "core/rng.h"
 
 namespace mop {
@@ -41,23 +43,31 @@ Tensor ParamStore::shaped_view(void* flat_base, DType dtype, Device device, int 
 }
 
 void init_param(const ModelLayout& layout, int p, float* dst, uint64_t seed) {
+  // Work items: (checkpoint tensor, chunk of its elements), so one large tensor (the embedding)
+  // is spread over all threads too; Philox makes each element independent of the split.
+  constexpr int64_t kChunk = int64_t(1) << 20;
+  struct Item {
+    const HfView* view;
+    uint64_t stream;
+    int64_t begin, end;
+  };
   std::vector<HfView> views;
   for (const HfView& v : layout.hf_views())
     if (v.param == p) views.push_back(v);
+  std::vector<Item> items;
+  for (const HfView& v : views) {
+    int64_t n = 1;
+    for (int64_t s : v.shape) n *= s;
+    for (int64_t b = 0; b < n; b += kChunk) items.push_back({&v, fnv1a64(v.name), b, std::min(n, b + kChunk)});
+  }
   const double std_dev = layout.dims.init_std;
   const bool norm = layout.params[p].kind == ParamKind::Norm;
 #pragma omp parallel for schedule(dynamic, 1)
-  for (size_t i = 0; i < views.size(); ++i) {
-    const HfView& v = views[i];
-    int64_t n = 1;
-    for (int64_t s : v.shape) n *= s;
-    float* out = dst + v.offset;
-    if (norm) {
-      for (int64_t j = 0; j < n; ++j) out[j] = 1.0f;
-    } else {
-      uint64_t stream = fnv1a64(v.name);
-      for (int64_t j = 0; j < n; ++j) out[j] = float(std_dev * philox_normal(seed, stream, uint64_t(j)));
-    }
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Item& it = items[i];
+    float* out = dst + it.view->offset;
+    for (int64_t j = it.begin; j < it.end; ++j)
+      out[j] = norm ? 1.0f : float(std_dev * philox_normal(seed, it.stream, uint64_t(j)));
   }
 }
 

@@ -93,6 +93,8 @@ class CudaOps final : public Ops {
 
   void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad,
                   const AdamWArgs& args) override;
+  void adamw_step_cast(Tensor param, Tensor m, Tensor v, const Tensor& grad, const AdamWArgs& args,
+                       Tensor weights) override;
 
  private:
   // Family hooks, defined in the family files.

@@ -172,6 +172,13 @@ class Ops {
   //   param = param·(1 − lr·wd) − (lr/bc1) · m / (sqrt(v)/sqrt(bc2) + eps)
   virtual void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad,
                           const AdamWArgs& args) = 0;
+  // adamw_step, then weights = param converted to weights' dtype (the compute weights); backends
+  // may fuse the two into one pass.
+  virtual void adamw_step_cast(Tensor param, Tensor m, Tensor v, const Tensor& grad,
+                               const AdamWArgs& args, Tensor weights) {
+    adamw_step(param, m, v, grad, args);
+    copy(weights, param);
+  }
 };
 
 // The CPU reference backend (always available).

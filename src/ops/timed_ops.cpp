@@ -207,5 +207,9 @@ void TimedOps::lmhead_ce_bwd(Tensor dx, Tensor dw, const Tensor& x, const Tensor
 void TimedOps::adamw_step(Tensor p, Tensor m, Tensor v, const Tensor& g, const AdamWArgs& a) {
   MOP_TIMED(Optimizer, adamw_step(p, m, v, g, a));
 }
+void TimedOps::adamw_step_cast(Tensor p, Tensor m, Tensor v, const Tensor& g, const AdamWArgs& a,
+                               Tensor w) {
+  MOP_TIMED(Optimizer, adamw_step_cast(p, m, v, g, a, w));
+}
 
 }  // namespace mop

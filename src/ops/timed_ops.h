@@ -79,6 +79,8 @@ class TimedOps final : public Ops {
   void lmhead_ce_bwd(Tensor dx, Tensor dw, const Tensor& x, const Tensor& w, const Tensor& targets,
                      const Tensor& lse, float scale, Tensor ws) override;
   void adamw_step(Tensor p, Tensor m, Tensor v, const Tensor& g, const AdamWArgs& a) override;
+  void adamw_step_cast(Tensor p, Tensor m, Tensor v, const Tensor& g, const AdamWArgs& a,
+                       Tensor w) override;
 
  private:
   struct Clock;  // CUDA events or host time

@@ -75,8 +75,8 @@ StepReport Optimizer::step(float lr) {
   args.bias_correction2 = float(1.0 - std::pow(cfg_.beta2, double(updates_)));
   for (int p = 0; p < n; ++p) {
     args.weight_decay = params_.layout().params[p].decay ? float(cfg_.weight_decay) : 0.0f;
-    ops_.adamw_step(master(p), exp_avg(p), exp_avg_sq(p), params_.grad(p), args);
-    ops_.copy(params_.weight(p), master(p));
+    ops_.adamw_step_cast(master(p), exp_avg(p), exp_avg_sq(p), params_.grad(p), args,
+                         params_.weight(p));
   }
   r.applied = true;
   return r;

@@ -45,6 +45,7 @@ inline DeviceTensor upload(const HostTensor& h, DType dtype) {
     make_cpu_ops()->copy(conv.t, h.t.view({h.numel()}));
     MOP_CUDA_CHECK(cudaMemcpy(d.t.data, conv.t.data, d.t.bytes(), cudaMemcpyHostToDevice));
   }
+  MOP_CUDA_CHECK(cudaDeviceSynchronize());  // the ops' non-blocking stream does not wait for it
   return d;
 }
 inline DeviceTensor upload(const HostTensor& h) { return upload(h, h.t.dtype); }
@@ -64,6 +65,7 @@ inline HostTensor download(const Tensor& d) {
 // it, so elements an op forgets to write are caught.
 inline void poison(const Tensor& d) {
   MOP_CUDA_CHECK(cudaMemset(d.data, 0xFF, d.bytes()));
+  MOP_CUDA_CHECK(cudaDeviceSynchronize());  // the ops' non-blocking stream does not wait for it
 }
 
 // A host tensor with the same values rounded to bf16 and held as f32 (the reference's input).

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -34,8 +35,14 @@ inline RunResult run_command(const std::string& cmd) {
   return r;
 }
 
+// The mop binary: $MOP_BINARY when set (a build run on another machine), else this build's.
+inline std::string mop_binary() {
+  const char* env = std::getenv("MOP_BINARY");
+  return env && *env ? env : MOP_BINARY;
+}
+
 inline RunResult run_mop(const std::string& args) {
-  return run_command(std::string("OMP_NUM_THREADS=2 ") + MOP_BINARY + " " + args);
+  return run_command("OMP_NUM_THREADS=2 " + mop_binary() + " " + args);
 }
 
 inline void write_text(const std::string& path, const std::string& text) {
