@@ -63,6 +63,9 @@ struct OptimConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0: no clipping
+  std::string state_placement = "auto";  // auto | gpu | host (GPU runs)
+  bool overlap = true;                   // host updates overlap the next step's forward
+  int64_t host_threads = 0;              // 0: every core this rank may use
 };
 
 struct DataConfig {

@@ -258,9 +258,14 @@ void Transformer::run_forward(const Batch& b, float aux_scale) {
             "batch tensors must have B·S elements");
   last_T_ = int(T);
   Tensor losses = arena_.tensor(s_.losses).rows(1, 3);  // [aux, z]
+  phase(false);
+  before_forward(0);
   ops_.embedding_fwd(act(xs_[0], T), b.ids, W(layout_.embedding));
-  for (int l = 0; l < d_.layers; ++l)
+  for (int l = 0; l < d_.layers; ++l) {
+    before_forward(l + 1);
     layer_fwd(l, acts(l), b, act(xs_[l], T), act(xs_[l + 1], T), losses, aux_scale);
+  }
+  before_forward(int(d_.layers) + 1);
   ops_.rmsnorm_fwd(act(s_.xf, T), act(s_.rstd_f, T), act(xs_[d_.layers], T),
                    W(layout_.final_norm), float(d_.rms_eps));
   ops_.lmhead_ce_fwd(act(s_.loss_tok, T), act(s_.lse_tok, T), act(s_.xf, T), W(layout_.lm_head),
@@ -276,17 +281,21 @@ void Transformer::forward_backward(const Batch& b, float ce_scale, float aux_sca
   run_forward(b, aux_scale);
   const int64_t T = int64_t(b.batch) * b.seq;
   Tensor dx = act(s_.dx, T);
+  phase(true);
   ops_.lmhead_ce_bwd(act(s_.dxf, T), G(layout_.lm_head), act(s_.xf, T), W(layout_.lm_head),
                      b.targets, act(s_.lse_tok, T), ce_scale, arena_.tensor(s_.lm_ws));
   ops_.rmsnorm_bwd(dx, G(layout_.final_norm), act(s_.dxf, T), act(xs_[d_.layers], T),
                    W(layout_.final_norm), act(s_.rstd_f, T), false);
+  after_backward(int(d_.layers) + 1);
   for (int l = int(d_.layers) - 1; l >= 0; --l) {
     if (opt_.recompute)  // refill the shared activation set; losses go to scratch (counted once)
       layer_fwd(l, acts(l), b, act(xs_[l], T), act(s_.scratch_out, T),
                 arena_.tensor(s_.scratch_losses), aux_scale);
     layer_bwd(l, acts(l), b, act(xs_[l], T), dx, aux_scale);
+    after_backward(l + 1);
   }
   ops_.embedding_bwd(G(layout_.embedding), b.ids, dx);
+  after_backward(0);
 }
 
 LossTerms Transformer::take_losses() {

@@ -4,6 +4,7 @@
 // All buffers come from one arena planned in the constructor (no allocation per step).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "core/memory.h"
@@ -22,6 +23,15 @@ struct LossTerms {
   double ce_sum = 0;  // Σ cross-entropy over unmasked tokens
   double aux = 0;     // load-balancing loss, already weighted (coef, 1/MoE layers, aux_scale)
   double z = 0;       // router z-loss, weighted likewise
+};
+
+// Called at the stages of a micro-batch (0 embedding, 1..L layers, L+1 final norm and LM head):
+// before a stage's weights are first read in forward, and once its weight gradients are written
+// in backward. The host optimizer uses them to pipeline updates and transfers.
+struct StageHooks {
+  std::function<void(int stage)> before_forward;
+  std::function<void(int stage)> after_backward;
+  std::function<void(bool backward)> phase;  // at the start of the forward and of the backward
 };
 
 struct TransformerOptions {
@@ -49,6 +59,8 @@ class Transformer {
 
   // After forward(): logits of token `row` (acc dtype [V]) from the final hidden state.
   void logits(Tensor out, int row);
+
+  void set_hooks(StageHooks hooks) { hooks_ = std::move(hooks); }
 
  private:
   // Arena slots (indices) of one layer's activations; -1 where the layer has no such buffer.
@@ -94,6 +106,16 @@ class Transformer {
   std::vector<int> xs_;  // layer inputs x_0..x_L (x_L feeds the final norm)
   Shared s_{};
   int last_T_ = 0;
+  StageHooks hooks_;
+  void before_forward(int stage) {
+    if (hooks_.before_forward) hooks_.before_forward(stage);
+  }
+  void after_backward(int stage) {
+    if (hooks_.after_backward) hooks_.after_backward(stage);
+  }
+  void phase(bool backward) {
+    if (hooks_.phase) hooks_.phase(backward);
+  }
 };
 
 }  // namespace mop

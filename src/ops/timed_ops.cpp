@@ -46,12 +46,14 @@ std::string OpTimes::describe() const {
 struct TimedOps::Clock {
   OpTimes acc;
   OpCategory current = OpCategory::Other;
+  StepPhase current_phase = StepPhase::Forward;
   std::chrono::steady_clock::time_point t0;
 #ifdef MOP_HAVE_CUDA
   static constexpr size_t kPairs = 2048;
   cudaStream_t stream = nullptr;
   std::vector<cudaEvent_t> events;
   std::vector<OpCategory> cats;
+  std::vector<StepPhase> phases;
   size_t used = 0;  // pairs recorded since the last flush
 
   void flush() {
@@ -61,6 +63,7 @@ struct TimedOps::Clock {
       float ms = 0;
       MOP_CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
       acc.seconds[int(cats[i])] += 1e-3 * ms;
+      acc.phase_seconds[int(phases[i])] += 1e-3 * ms;
     }
     used = 0;
   }
@@ -76,6 +79,7 @@ TimedOps::TimedOps(std::unique_ptr<Ops> inner) : inner_(std::move(inner)), clock
     clock_->stream = cuda->stream();
     clock_->events.resize(2 * Clock::kPairs);
     clock_->cats.resize(Clock::kPairs);
+    clock_->phases.resize(Clock::kPairs);
     for (auto& e : clock_->events) MOP_CUDA_CHECK(cudaEventCreate(&e));
   }
 #endif
@@ -89,11 +93,13 @@ void TimedOps::begin(OpCategory c) {
   if (clock_->stream) {
     if (clock_->used == Clock::kPairs) clock_->flush();
     clock_->cats[clock_->used] = c;
+    clock_->phases[clock_->used] = phase_;
     MOP_CUDA_CHECK(cudaEventRecord(clock_->events[2 * clock_->used], clock_->stream));
     return;
   }
 #endif
   clock_->current = c;
+  clock_->current_phase = phase_;
   clock_->t0 = std::chrono::steady_clock::now();
 }
 
@@ -105,8 +111,9 @@ void TimedOps::end() {
     return;
   }
 #endif
-  clock_->acc.seconds[int(clock_->current)] +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_->t0).count();
+  double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_->t0).count();
+  clock_->acc.seconds[int(clock_->current)] += dt;
+  clock_->acc.phase_seconds[int(clock_->current_phase)] += dt;
 }
 
 OpTimes TimedOps::collect() {

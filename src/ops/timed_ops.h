@@ -17,8 +17,12 @@ enum class OpCategory : uint8_t { Attention, DenseGemm, Experts, RouterPermute, 
 constexpr int kNumOpCategories = 7;
 const char* op_category_name(OpCategory c);
 
+enum class StepPhase : uint8_t { Forward, Backward, Optimizer };
+constexpr int kNumStepPhases = 3;
+
 struct OpTimes {
   std::array<double, kNumOpCategories> seconds{};
+  std::array<double, kNumStepPhases> phase_seconds{};  // the same time split by phase
   double total() const;
   std::string describe() const;  // "attention 120 ms (31%) | experts ..."
 };
@@ -33,6 +37,8 @@ class TimedOps final : public Ops {
   // While set, every op counts under `c` (e.g. the optimizer step's copies and norms).
   void force_category(OpCategory c) { forced_ = int(c); }
   void clear_forced_category() { forced_ = -1; }
+  // The phase the following ops belong to.
+  void set_phase(StepPhase phase) { phase_ = phase; }
 
   Device device() const override { return inner_->device(); }
   void synchronize() override { inner_->synchronize(); }
@@ -89,6 +95,7 @@ class TimedOps final : public Ops {
   std::unique_ptr<Ops> inner_;
   std::unique_ptr<Clock> clock_;
   int forced_ = -1;
+  StepPhase phase_ = StepPhase::Forward;
 };
 
 }  // namespace mop

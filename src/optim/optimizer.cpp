@@ -7,15 +7,64 @@
 
 namespace mop {
 
-Optimizer::Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops, MemKind state_mem)
-    : cfg_(cfg), params_(params), ops_(ops) {
-  size_t bytes = size_t(params.total_elements()) * sizeof(float);
-  master_ = Buffer(state_mem, bytes);
-  m_ = Buffer(state_mem, bytes);
-  v_ = Buffer(state_mem, bytes);
+int param_stage(const ModelLayout& layout, int p) {
+  const ParamDef& def = layout.params[p];
+  if (def.layer >= 0) return def.layer + 1;
+  if (p == layout.embedding) return 0;
+  return int(layout.dims.layers) + 1;  // final norm, untied LM head
+}
+
+Optimizer::Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops,
+                     std::vector<bool> state_on_host, int host_threads)
+    : cfg_(cfg), params_(params), ops_(ops), on_host_(std::move(state_on_host)) {
+  const int n = params.num_params();
+  MOP_CHECK(on_host_.empty() || int(on_host_.size()) == n, "placement of ", on_host_.size(),
+            " parameters for ", n);
+  // Compact layouts per placement, each parameter aligned like the ParamStore's.
+  int64_t total[2] = {0, 0};
+  for (int p = 0; p < n; ++p) {
+    int where = on_host(p) ? 1 : 0;
+    offset_.push_back(total[where]);
+    total[where] += (params.layout().params[p].numel() + kParamAlign - 1) / kParamAlign * kParamAlign;
+  }
+  const bool gpu = ops.device() == Device::CUDA;
+  for (int i = 0; i < 3; ++i) {
+    native_[i] = Buffer(gpu ? MemKind::Device : MemKind::Host, size_t(total[0]) * sizeof(float));
+    host_[i] = Buffer(gpu ? MemKind::Pinned : MemKind::Host, size_t(total[1]) * sizeof(float));
+  }
   DType acc = acc_dtype(params.grad_dtype());
-  norms_ = Buffer(ops.device() == Device::CUDA ? MemKind::Device : MemKind::Host,
-                  size_t(params.num_params()) * dtype_size(acc));
+  norms_ = Buffer(gpu ? MemKind::Device : MemKind::Host, size_t(n) * dtype_size(acc));
+  if (total[1] > 0) {
+    std::vector<HostParam> hp;
+    for (int s = 0; s <= int(params.layout().dims.layers) + 1; ++s)  // forward order
+      for (int p = 0; p < n; ++p)
+        if (on_host(p) && param_stage(params.layout(), p) == s)
+          hp.push_back({p, s, master(p), exp_avg(p), exp_avg_sq(p), params.grad(p), params.weight(p)});
+#ifdef MOP_HAVE_CUDA
+    if (gpu) offload_ = make_cuda_host_offload(ops, std::move(hp), host_threads);
+#endif
+    if (!gpu) offload_ = make_cpu_host_offload(ops, std::move(hp), host_threads);
+    MOP_CHECK(offload_, "no host optimizer for this backend");
+  }
+}
+
+Optimizer::~Optimizer() {
+  if (offload_) offload_->drain();
+}
+
+int Optimizer::num_host_params() const {
+  int k = 0;
+  for (int p = 0; p < params_.num_params(); ++p) k += on_host(p);
+  return k;
+}
+
+Tensor Optimizer::state(int which, int p) const {
+  const Buffer& b = on_host(p) ? host_[which] : native_[which];
+  Tensor t(static_cast<float*>(b.data()) + offset_[p], DType::F32, {}, b.device());
+  const auto& shape = params_.layout().params[p].shape;
+  t.ndim = int(shape.size());
+  for (int i = 0; i < t.ndim; ++i) t.shape[i] = shape[i];
+  return t;
 }
 
 void Optimizer::init_weights(uint64_t seed) {
@@ -38,8 +87,23 @@ void Optimizer::init_weights(uint64_t seed) {
 }
 
 void Optimizer::sync_weights() {
+  drain();
   for (int p = 0; p < params_.num_params(); ++p) ops_.copy(params_.weight(p), master(p));
 }
+
+void Optimizer::grads_final(int stage) {
+  if (offload_) offload_->grads_final(stage);
+}
+
+void Optimizer::weights_ready(int stage) {
+  if (offload_) offload_->weights_ready(stage);
+}
+
+void Optimizer::drain() {
+  if (offload_) offload_->drain();
+}
+
+OffloadStats Optimizer::take_offload_stats() { return offload_ ? offload_->take_stats() : OffloadStats{}; }
 
 StepReport Optimizer::step(float lr) {
   StepReport r;
@@ -73,10 +137,19 @@ StepReport Optimizer::step(float lr) {
   args.grad_scale = scale;
   args.bias_correction1 = float(1.0 - std::pow(cfg_.beta1, double(updates_)));
   args.bias_correction2 = float(1.0 - std::pow(cfg_.beta2, double(updates_)));
-  for (int p = 0; p < n; ++p) {
-    args.weight_decay = params_.layout().params[p].decay ? float(cfg_.weight_decay) : 0.0f;
-    ops_.adamw_step_cast(master(p), exp_avg(p), exp_avg_sq(p), params_.grad(p), args,
-                         params_.weight(p));
+  auto with_decay = [&](int p) {
+    AdamWArgs a = args;
+    a.weight_decay = params_.layout().params[p].decay ? float(cfg_.weight_decay) : 0.0f;
+    return a;
+  };
+  for (int p = 0; p < n; ++p)
+    if (!on_host(p))
+      ops_.adamw_step_cast(master(p), exp_avg(p), exp_avg_sq(p), params_.grad(p), with_decay(p),
+                           params_.weight(p));
+  if (offload_) {
+    std::vector<AdamWArgs> host_args;
+    for (const HostParam& hp : offload_->params()) host_args.push_back(with_decay(hp.param));
+    offload_->update(host_args, cfg_.overlap);
   }
   r.applied = true;
   return r;

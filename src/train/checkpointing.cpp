@@ -59,13 +59,24 @@ std::string shape_key_differences(const Config& saved, const Config& now) {
   return out;
 }
 
-// A host-readable copy of a flat state buffer: itself when it is in host memory, else staged into
-// `keep` (checkpoints are rare; the staging is freed when `keep` goes).
-void* host_flat(Ops& ops, const Tensor& flat, Buffer& keep) {
-  if (flat.device == Device::CPU) return flat.data;
-  keep = Buffer(MemKind::Host, flat.bytes());
-  ops.copy(Tensor(keep.data(), flat.dtype, {flat.numel()}, Device::CPU), flat);
-  return keep.data();
+// Host-readable views of one optimizer state tensor per parameter (0 master, 1 exp_avg,
+// 2 exp_avg_sq): the tensor itself when it is in host memory, else a copy staged into `keep`
+// (checkpoints are rare; the staging is freed when `keep` goes).
+std::vector<Tensor> host_state(const Optimizer& optim, int n, int which, std::vector<Buffer>& keep) {
+  std::vector<Tensor> out;
+  for (int p = 0; p < n; ++p) {
+    Tensor t = which == 0 ? optim.master(p) : which == 1 ? optim.exp_avg(p) : optim.exp_avg_sq(p);
+    if (t.device != Device::CPU) {
+      keep.emplace_back(MemKind::Host, t.bytes());
+      Tensor h = t;
+      h.data = keep.back().data();
+      h.device = Device::CPU;
+      optim.ops().copy(h, t);
+      t = h;
+    }
+    out.push_back(t);
+  }
+  return out;
 }
 
 void load_tensors(const SafetensorsFile& file, const ModelLayout& layout, const std::string& suffix,
@@ -93,22 +104,21 @@ std::string save_checkpoint(const Config& cfg, const ParamStore& params, const O
     const ModelLayout& layout = params.layout();
     CheckpointWriter w = CheckpointWriter::begin(cfg.checkpoint.dir, state.step);
     SafetensorsMetadata meta{{"format", "pt"}, {"producer", "mop " MOP_VERSION}};
-    auto slot = [&](void* base, int p) { return params.shaped_view(base, DType::F32, Device::CPU, p); };
+    const int n = params.num_params();
     {
-      Buffer keep;
-      void* master = host_flat(optim.ops(), optim.master_flat(), keep);
+      std::vector<Buffer> keep;
+      std::vector<Tensor> master = host_state(optim, n, 0, keep);
       std::vector<SafetensorsEntry> model;
-      for (const HfView& v : layout.hf_views()) model.push_back({v.name, hf_slice(slot(master, v.param), v)});
+      for (const HfView& v : layout.hf_views()) model.push_back({v.name, hf_slice(master[v.param], v)});
       w.add_file(kModelFile, write_safetensors(w.file(kModelFile), model, meta));
     }
     {
-      Buffer keep_m, keep_v;
-      void* m = host_flat(optim.ops(), optim.exp_avg_flat(), keep_m);
-      void* v2 = host_flat(optim.ops(), optim.exp_avg_sq_flat(), keep_v);
+      std::vector<Buffer> keep;
+      std::vector<Tensor> m = host_state(optim, n, 1, keep), v2 = host_state(optim, n, 2, keep);
       std::vector<SafetensorsEntry> moments;
       for (const HfView& v : layout.hf_views()) {
-        moments.push_back({v.name + ".exp_avg", hf_slice(slot(m, v.param), v)});
-        moments.push_back({v.name + ".exp_avg_sq", hf_slice(slot(v2, v.param), v)});
+        moments.push_back({v.name + ".exp_avg", hf_slice(m[v.param], v)});
+        moments.push_back({v.name + ".exp_avg_sq", hf_slice(v2[v.param], v)});
       }
       w.add_file(kOptimizerFile, write_safetensors(w.file(kOptimizerFile), moments, meta));
     }
@@ -149,21 +159,27 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
   Config saved = load_config_text(m.config, {}, where + " config");
   std::string differences = shape_key_differences(saved, cfg);
   const ModelLayout& layout = params.layout();
-  // Reads tensors into a flat state buffer (through host staging when it is on the device).
-  auto load_flat = [&](const SafetensorsFile& file, const std::string& suffix, const Tensor& flat) {
-    Buffer keep;
-    void* base = flat.data;
-    if (flat.device != Device::CPU) {
-      keep = Buffer(MemKind::Host, flat.bytes());
-      base = keep.data();
+  // Reads one state tensor per parameter (through host staging for those on the device).
+  optim.drain();
+  auto load_state = [&](const SafetensorsFile& file, const std::string& suffix, int which) {
+    std::vector<Buffer> keep;
+    std::vector<Tensor> dst, host;
+    for (int p = 0; p < params.num_params(); ++p) {
+      Tensor t = which == 0 ? optim.master(p) : which == 1 ? optim.exp_avg(p) : optim.exp_avg_sq(p);
+      Tensor h = t;
+      if (t.device != Device::CPU) {
+        keep.emplace_back(MemKind::Host, t.bytes());
+        h.data = keep.back().data();
+        h.device = Device::CPU;
+      }
+      dst.push_back(t);
+      host.push_back(h);
     }
-    load_tensors(file, layout, suffix,
-                 [&](int p) { return params.shaped_view(base, DType::F32, Device::CPU, p); },
-                 differences);
-    if (flat.device != Device::CPU)
-      optim.ops().copy(flat, Tensor(base, DType::F32, {flat.numel()}, Device::CPU));
+    load_tensors(file, layout, suffix, [&](int p) { return host[p]; }, differences);
+    for (size_t p = 0; p < dst.size(); ++p)
+      if (dst[p].device != Device::CPU) optim.ops().copy(dst[p], host[p]);
   };
-  load_flat(SafetensorsFile(std::filesystem::path(dir) / kModelFile), "", optim.master_flat());
+  load_state(SafetensorsFile(std::filesystem::path(dir) / kModelFile), "", 0);
   TrainerState st;
   st.step = m.step;
   st.consumed_samples = m.state.at("consumed_samples", where).as_int64(where + ": consumed_samples");
@@ -172,8 +188,8 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
   st.data_fingerprint = m.state.at("data_fingerprint", where).as_uint64(where + ": data_fingerprint");
   if (optim_state) {
     SafetensorsFile f(std::filesystem::path(dir) / kOptimizerFile);
-    load_flat(f, ".exp_avg", optim.exp_avg_flat());
-    load_flat(f, ".exp_avg_sq", optim.exp_avg_sq_flat());
+    load_state(f, ".exp_avg", 1);
+    load_state(f, ".exp_avg_sq", 2);
     optim.set_updates(st.optimizer_updates);
   }
   optim.sync_weights();

@@ -120,7 +120,7 @@ int cmd_generate(const GenerateArgs& args) {
   auto ops = make_ops(placement);
   ModelLayout layout = ModelLayout::build(ModelDims::from(cfg));
   ParamStore params(layout, placement.compute, placement.grad, MemKind::Host);
-  Optimizer optim(cfg.optim, params, *ops, MemKind::Host);
+  Optimizer optim(cfg.optim, params, *ops);
   load_checkpoint(dir, cfg, params, optim, /*optim_state=*/false);
   const int S = int(cfg.data.seq_len);
   TransformerOptions topt;

@@ -10,6 +10,7 @@
 
 #include "ckpt/json.h"
 #include "core/error.h"
+#include "core/memory.h"
 
 namespace mop {
 
@@ -63,6 +64,11 @@ void MetricsLog::record(const StepMetrics& m) {
   interval_tokens_ += m.tokens;
   interval_flops_ += m.model_flops;
   for (int c = 0; c < kNumOpCategories; ++c) interval_times_.seconds[c] += m.times.seconds[c];
+  for (int c = 0; c < kNumStepPhases; ++c) interval_times_.phase_seconds[c] += m.times.phase_seconds[c];
+  interval_offload_.bytes_to_host += m.offload.bytes_to_host;
+  interval_offload_.bytes_to_device += m.offload.bytes_to_device;
+  interval_offload_.update_seconds += m.offload.update_seconds;
+  interval_offload_.wait_seconds += m.offload.wait_seconds;
   if (file_.is_open()) {
     Json j = Json::object();
     j["step"] = m.step;
@@ -77,6 +83,18 @@ void MetricsLog::record(const StepMetrics& m) {
     Json t = Json::object();
     for (int c = 0; c < kNumOpCategories; ++c) t[op_category_name(OpCategory(c))] = m.times.seconds[c];
     j["op_seconds"] = std::move(t);
+    Json ph = Json::object();
+    const char* names[kNumStepPhases] = {"forward", "backward", "optimizer"};
+    for (int c = 0; c < kNumStepPhases; ++c) ph[names[c]] = m.times.phase_seconds[c];
+    j["phase_seconds"] = std::move(ph);
+    if (m.offload.update_seconds > 0) {
+      Json o = Json::object();
+      o["update_seconds"] = m.offload.update_seconds;
+      o["wait_seconds"] = m.offload.wait_seconds;
+      o["bytes_to_host"] = m.offload.bytes_to_host;
+      o["bytes_to_device"] = m.offload.bytes_to_device;
+      j["host_optimizer"] = std::move(o);
+    }
     if (m.skipped) j["skipped"] = true;
     if (m.val_loss >= 0) j["val_loss"] = m.val_loss;
     file_ << j.dump() << "\n";
@@ -95,7 +113,21 @@ void MetricsLog::record(const StepMetrics& m) {
     std::string mfu = peak_flops_ > 0 ? fmt::format(", MFU {:.1f}%", 100e12 * tflops / peak_flops_) : "";
     OpTimes per_step = interval_times_;
     for (double& x : per_step.seconds) x /= double(interval_steps_);
-    spdlog::info("             model {:.3g} TFLOP/s{} | per step: {}", tflops, mfu, per_step.describe());
+    for (double& x : per_step.phase_seconds) x /= double(interval_steps_);
+    spdlog::info("             model {:.3g} TFLOP/s{} | per step: forward {:.0f} ms, backward {:.0f} "
+                 "ms, optimizer {:.0f} ms, step {:.0f} ms | {}",
+                 tflops, mfu, 1e3 * per_step.phase_seconds[0], 1e3 * per_step.phase_seconds[1],
+                 1e3 * per_step.phase_seconds[2], 1e3 * interval_seconds_ / double(interval_steps_),
+                 per_step.describe());
+    if (interval_offload_.update_seconds > 0) {
+      double k = 1.0 / double(interval_steps_);
+      spdlog::info("             host optimizer per step: update {:.0f} ms, exposed (step waited) "
+                   "{:.0f} ms, to host {}, to device {}",
+                   1e3 * k * interval_offload_.update_seconds, 1e3 * k * interval_offload_.wait_seconds,
+                   format_bytes(k * interval_offload_.bytes_to_host),
+                   format_bytes(k * interval_offload_.bytes_to_device));
+    }
+    interval_offload_ = OffloadStats{};
     interval_seconds_ = interval_flops_ = 0;
     interval_times_ = OpTimes{};
     interval_steps_ = interval_tokens_ = 0;

@@ -9,6 +9,7 @@
 
 #include "config/config.h"
 #include "ops/timed_ops.h"
+#include "optim/host_offload.h"
 
 namespace mop {
 
@@ -22,6 +23,7 @@ struct StepMetrics {
   double val_loss = -1;  // < 0: not evaluated this step
   double model_flops = 0;  // model FLOPs of the step (6·N_active + attention, per token)
   OpTimes times;           // device time by op category
+  OffloadStats offload;    // host optimizer: transfers, update time, time the step waited
 };
 
 class MetricsLog {
@@ -40,6 +42,7 @@ class MetricsLog {
   double peak_flops_ = 0;
   double interval_seconds_ = 0, interval_flops_ = 0;
   OpTimes interval_times_;
+  OffloadStats interval_offload_;
   int64_t interval_steps_ = 0, interval_tokens_ = 0;
   double avg_step_seconds_ = 0;  // exponential moving average for the ETA
 };

@@ -54,6 +54,9 @@ class Trainer {
   void save_checkpoint();
   bool stop_requested();
   size_t device_memory_used() const;  // bytes in use on this rank's GPU (0 on the CPU)
+  size_t device_memory_free() const;
+  std::vector<bool> choose_state_placement();  // per parameter: optimizer state on the host
+  int64_t host_param_elements(const std::vector<bool>& on_host) const;
 
   Config cfg_;
   World& world_;
@@ -76,6 +79,7 @@ class Trainer {
   int64_t step_valid_tokens_ = 0;                   // unmasked targets of the step, all ranks
   int64_t last_saved_step_ = -1;
   Buffer batch_dev_;  // one micro-batch's ids, targets, positions on the GPU
+  bool last_micro_batch_ = false;  // gradients become final in this backward
   size_t device_used_at_start_ = 0, planned_device_bytes_ = 0;
 };
 

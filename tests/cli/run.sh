@@ -98,7 +98,7 @@ expect 2 "no checkpoint found" -- generate --checkpoint nowhere --prompt x
 "$mop" config-reference > reference.md
 missing=$(grep -vxF -f "$src/README.md" reference.md | head -n 3)
 if [ -n "$missing" ]; then
-  echo "FAIL: README.md's configuration table is out of date (regenerate with mop config-reference); e.g.:"
+  echo "FAIL: README.md's configuration table is out of date (regenerate: python3 scripts/update_readme_config.py build/mop); e.g.:"
   echo "$missing" | sed 's/^/    /'
   failures=$((failures + 1))
 fi

@@ -42,7 +42,7 @@ struct Run {
     layout = ModelLayout::build(ModelDims::from(cfg));
     MemKind mem = gpu ? MemKind::Device : MemKind::Host;
     params = std::make_unique<ParamStore>(layout, gpu ? DType::BF16 : DType::F32, DType::F32, mem);
-    optim = std::make_unique<Optimizer>(cfg.optim, *params, *ops, mem);
+    optim = std::make_unique<Optimizer>(cfg.optim, *params, *ops);
     optim->init_weights(11);
     if (!gpu) {  // the reference runs on the GPU's weights: rounded to bf16
       Tensor w = params->weights_flat();

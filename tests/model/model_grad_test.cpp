@@ -43,7 +43,7 @@ struct Fixture {
     cfg = load_config_text(yaml);
     layout = ModelLayout::build(ModelDims::from(cfg));
     params = std::make_unique<ParamStore>(layout, DType::F64, DType::F64, MemKind::Host);
-    optim = std::make_unique<Optimizer>(cfg.optim, *params, *ops, MemKind::Host);
+    optim = std::make_unique<Optimizer>(cfg.optim, *params, *ops);
     optim->init_weights(7);
     TransformerOptions o;
     o.max_batch = 2, o.max_seq = 5, o.recompute = recompute, o.lm_head_chunk = 3;

@@ -22,7 +22,7 @@ optim: {lr: 0.1, weight_decay: 0.5, grad_clip: 1.0}
   ModelLayout layout = ModelLayout::build(ModelDims::from(cfg));
   std::unique_ptr<Ops> ops = make_cpu_ops();
   ParamStore params{layout, DType::F32, DType::F32, MemKind::Host};
-  Optimizer optim{cfg.optim, params, *ops, MemKind::Host};
+  Optimizer optim{cfg.optim, params, *ops};
   Setup() { optim.init_weights(3); }
   std::vector<float> weights() {
     Tensor w = params.weights_flat();
