@@ -37,6 +37,8 @@ int main(int argc, char** argv) {
   t->add_option("-c,--config", train.config, "YAML config file")->required();
   t->add_option("--set", train.overrides, "Override a config key: section.key=value (repeatable)");
   t->add_option("--resume", train.resume, "auto (latest checkpoint in checkpoint.dir) or a checkpoint path");
+  t->add_option("--profile-step", train.profile_step, "Write a Chrome trace of step N to <checkpoint.dir>/trace_step_N.json")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
 
   mop::ValidateArgs validate;
   auto* v = app.add_subcommand("validate", "Check a config: resolved values, parameter counts, memory per rank, data");

@@ -92,6 +92,7 @@ struct TrainConfig {
   int64_t eval_interval = 0;          // 0: no evaluation
   int64_t eval_batches = 4;
   int64_t exit_interval = 0;  // checkpoint and exit at steps that are multiples of N; 0: never
+  int64_t profile_step = 0;   // write a Chrome trace of this step; 0: none
 };
 
 struct CheckpointConfig {

@@ -126,6 +126,7 @@ std::vector<FieldSpec> config_schema(Config& c) {
   s.i("train.lm_head_chunk", t.lm_head_chunk, 1, 1 << 24, "Tokens per chunk of the fused LM-head + cross-entropy.");
   s.i("train.eval_interval", t.eval_interval, 0, kMaxCount, "Evaluate on the held-out data every N steps; 0: never.");
   s.i("train.eval_batches", t.eval_batches, 1, kMaxCount, "Micro-batches per evaluation.");
+  s.i("train.profile_step", t.profile_step, 0, kMaxCount, "Write a Chrome trace (chrome://tracing, Perfetto) of this step's GPU ops, host optimizer threads and waits to <checkpoint.dir>/trace_step_N.json; 0: none. Also --profile-step N.");
   s.i("train.exit_interval", t.exit_interval, 0, kMaxCount, "Checkpoint and exit after steps that are multiples of N (work in chunks of a job queue's time limit); 0: never.");
 
   auto& k = c.checkpoint;

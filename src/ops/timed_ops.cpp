@@ -2,8 +2,10 @@
 // fills up (or at collect()) the pairs are read and summed per category.
 #include "ops/timed_ops.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 
 #ifdef MOP_HAVE_CUDA
 #include "core/cuda_check.h"
@@ -43,8 +45,23 @@ std::string OpTimes::describe() const {
   return out;
 }
 
+namespace {
+// "gemm(c, a, ...)" → "gemm".
+std::string op_name(const char* call) {
+  std::string s(call);
+  return s.substr(0, s.find('('));
+}
+double host_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
 struct TimedOps::Clock {
   OpTimes acc;
+  bool tracing = false;
+  double trace_t0 = 0;  // host steady-clock seconds at start_trace
+  std::vector<TraceEvent> trace;
+  const char* current_call = "";
   OpCategory current = OpCategory::Other;
   StepPhase current_phase = StepPhase::Forward;
   std::chrono::steady_clock::time_point t0;
@@ -54,6 +71,8 @@ struct TimedOps::Clock {
   std::vector<cudaEvent_t> events;
   std::vector<OpCategory> cats;
   std::vector<StepPhase> phases;
+  std::vector<const char*> calls;
+  cudaEvent_t trace_start = nullptr;
   size_t used = 0;  // pairs recorded since the last flush
 
   void flush() {
@@ -64,11 +83,17 @@ struct TimedOps::Clock {
       MOP_CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
       acc.seconds[int(cats[i])] += 1e-3 * ms;
       acc.phase_seconds[int(phases[i])] += 1e-3 * ms;
+      if (tracing) {
+        float at = 0;
+        MOP_CUDA_CHECK(cudaEventElapsedTime(&at, trace_start, events[2 * i]));
+        trace.push_back({op_name(calls[i]), op_category_name(cats[i]), "GPU compute stream", 1e-3 * at, 1e-3 * ms});
+      }
     }
     used = 0;
   }
   ~Clock() {
     for (cudaEvent_t e : events) cudaEventDestroy(e);
+    if (trace_start) cudaEventDestroy(trace_start);
   }
 #endif
 };
@@ -80,6 +105,8 @@ TimedOps::TimedOps(std::unique_ptr<Ops> inner) : inner_(std::move(inner)), clock
     clock_->events.resize(2 * Clock::kPairs);
     clock_->cats.resize(Clock::kPairs);
     clock_->phases.resize(Clock::kPairs);
+    clock_->calls.resize(Clock::kPairs);
+    MOP_CUDA_CHECK(cudaEventCreate(&clock_->trace_start));
     for (auto& e : clock_->events) MOP_CUDA_CHECK(cudaEventCreate(&e));
   }
 #endif
@@ -87,13 +114,15 @@ TimedOps::TimedOps(std::unique_ptr<Ops> inner) : inner_(std::move(inner)), clock
 
 TimedOps::~TimedOps() = default;
 
-void TimedOps::begin(OpCategory c) {
+void TimedOps::begin(OpCategory c, const char* call) {
   if (forced_ >= 0) c = OpCategory(forced_);
+  clock_->current_call = call;
 #ifdef MOP_HAVE_CUDA
   if (clock_->stream) {
     if (clock_->used == Clock::kPairs) clock_->flush();
     clock_->cats[clock_->used] = c;
     clock_->phases[clock_->used] = phase_;
+    clock_->calls[clock_->used] = call;
     MOP_CUDA_CHECK(cudaEventRecord(clock_->events[2 * clock_->used], clock_->stream));
     return;
   }
@@ -114,6 +143,55 @@ void TimedOps::end() {
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_->t0).count();
   clock_->acc.seconds[int(clock_->current)] += dt;
   clock_->acc.phase_seconds[int(clock_->current_phase)] += dt;
+  if (clock_->tracing) {
+    double start = std::chrono::duration<double>(clock_->t0.time_since_epoch()).count() - clock_->trace_t0;
+    clock_->trace.push_back({op_name(clock_->current_call), op_category_name(clock_->current), "CPU ops", start, dt});
+  }
+}
+
+void TimedOps::start_trace() {
+  clock_->tracing = true;
+  clock_->trace.clear();
+#ifdef MOP_HAVE_CUDA
+  if (clock_->stream) {
+    clock_->flush();  // earlier ops are not part of the trace
+    MOP_CUDA_CHECK(cudaEventRecord(clock_->trace_start, clock_->stream));
+  }
+#endif
+  clock_->trace_t0 = host_now();
+}
+
+std::vector<TraceEvent> TimedOps::stop_trace() {
+#ifdef MOP_HAVE_CUDA
+  if (clock_->stream) clock_->flush();  // the traced ops' times also stay in acc for collect()
+#endif
+  clock_->tracing = false;
+  return std::move(clock_->trace);
+}
+
+double TimedOps::trace_host_start() const { return clock_->trace_t0; }
+
+void write_chrome_trace(const std::string& path, const std::vector<TraceEvent>& events) {
+  std::ofstream out(path);
+  MOP_USER_CHECK(out.good(), "cannot write the trace ", path);
+  std::vector<std::string> tracks;
+  out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
+  bool first = true;
+  for (const TraceEvent& e : events) {
+    size_t tid = std::find(tracks.begin(), tracks.end(), e.track) - tracks.begin();
+    if (tid == tracks.size()) tracks.push_back(e.track);
+    std::string name;
+    for (char ch : e.name) name += (ch == '"' || ch == '\\') ? ' ' : ch;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%s{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%zu,\"ts\":%.3f,\"dur\":%.3f}",
+                  first ? "" : ",", name.c_str(), e.category.c_str(), tid, 1e6 * e.start, 1e6 * e.duration);
+    out << buf;
+    first = false;
+  }
+  for (size_t t = 0; t < tracks.size(); ++t)
+    out << (first && t == 0 ? "" : ",") << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" << t
+        << ",\"args\":{\"name\":\"" << tracks[t] << "\"}}";
+  out << "]}\n";
 }
 
 OpTimes TimedOps::collect() {
@@ -126,9 +204,9 @@ OpTimes TimedOps::collect() {
 }
 
 // Each forwarding method times its op under one category.
-#define MOP_TIMED(cat, call) \
-  do {                       \
-    begin(OpCategory::cat);  \
+#define MOP_TIMED(cat, call)     \
+  do {                           \
+    begin(OpCategory::cat, #call); \
     inner_->call;            \
     end();                   \
   } while (0)

@@ -20,6 +20,14 @@ const char* op_category_name(OpCategory c);
 enum class StepPhase : uint8_t { Forward, Backward, Optimizer };
 constexpr int kNumStepPhases = 3;
 
+// One interval of a Chrome trace (seconds from the trace's start).
+struct TraceEvent {
+  std::string name, category, track;
+  double start = 0, duration = 0;
+};
+// Writes events as a Chrome trace (chrome://tracing, Perfetto): one row per track.
+void write_chrome_trace(const std::string& path, const std::vector<TraceEvent>& events);
+
 struct OpTimes {
   std::array<double, kNumOpCategories> seconds{};
   std::array<double, kNumStepPhases> phase_seconds{};  // the same time split by phase
@@ -39,6 +47,11 @@ class TimedOps final : public Ops {
   void clear_forced_category() { forced_ = -1; }
   // The phase the following ops belong to.
   void set_phase(StepPhase phase) { phase_ = phase; }
+  // Records every op from now on; stop_trace() returns them (times relative to the start, on the
+  // host clock's scale: GPU ops are placed by their event times from a start event).
+  void start_trace();
+  std::vector<TraceEvent> stop_trace();
+  double trace_host_start() const;  // steady-clock seconds at start_trace()
 
   Device device() const override { return inner_->device(); }
   void synchronize() override { inner_->synchronize(); }
@@ -90,7 +103,7 @@ class TimedOps final : public Ops {
 
  private:
   struct Clock;  // CUDA events or host time
-  void begin(OpCategory c);
+  void begin(OpCategory c, const char* call);
   void end();
   std::unique_ptr<Ops> inner_;
   std::unique_ptr<Clock> clock_;

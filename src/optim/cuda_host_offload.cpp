@@ -102,8 +102,10 @@ class CudaHostOffload final : public HostOffload {
     for (size_t i = 0; i < params_.size(); ++i)
       if (params_[i].stage == stage && done_gen_[i] > 0)
         MOP_CUDA_CHECK(cudaStreamWaitEvent(ops_.stream(), events_[i].uploaded, 0));
+    double t1 = now();
+    if (t1 - t0 > 1e-5) trace("wait stage " + std::to_string(stage), "main thread (waits)", t0, t1);
     std::lock_guard<std::mutex> lock(mu_);
-    stats_.wait_seconds += now() - t0;
+    stats_.wait_seconds += t1 - t0;
   }
 
   void drain() override {
@@ -176,6 +178,7 @@ class CudaHostOffload final : public HostOffload {
         MOP_CUDA_CHECK(cudaMemcpyAsync(p.weights.data, weights.data, weights.bytes(),
                                        cudaMemcpyHostToDevice, upload_));
         MOP_CUDA_CHECK(cudaEventRecord(events_[i].uploaded, upload_));
+        trace("update param " + std::to_string(p.param), "host optimizer (dispatcher)", t0, t1);
         std::lock_guard<std::mutex> lock(mu_);
         stats_.update_seconds += t1 - t0;
         stats_.bytes_to_device += double(weights.bytes());

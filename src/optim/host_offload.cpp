@@ -14,6 +14,24 @@
 
 namespace mop {
 
+void HostOffload::set_tracing(bool on) {
+  std::lock_guard<std::mutex> lock(trace_mu_);
+  tracing_ = on;
+}
+
+std::vector<TraceEvent> HostOffload::take_trace(double t0) {
+  std::lock_guard<std::mutex> lock(trace_mu_);
+  std::vector<TraceEvent> out = std::move(trace_);
+  trace_.clear();
+  for (TraceEvent& e : out) e.start -= t0;
+  return out;
+}
+
+void HostOffload::trace(const std::string& name, const char* track, double start, double end) {
+  std::lock_guard<std::mutex> lock(trace_mu_);
+  if (tracing_) trace_.push_back({name, "host optimizer", track, start, end - start});
+}
+
 namespace {
 
 double now() {
@@ -73,7 +91,10 @@ class CpuHostOffload final : public HostOffload {
         if (params_[i].stage == stage && done_gen_[i] < gen_) return false;
       return true;
     });
-    stats_.wait_seconds += now() - t0;
+    double t1 = now();
+    stats_.wait_seconds += t1 - t0;
+    lock.unlock();
+    if (t1 - t0 > 1e-5) trace("wait stage " + std::to_string(stage), "main thread (waits)", t0, t1);
   }
 
   void drain() override {
@@ -126,8 +147,10 @@ class CpuHostOffload final : public HostOffload {
           std::memcpy(p.weights.data, p.master.data, p.master.bytes());
         else
           ops_.copy(p.weights, p.master);
+        double t1 = now();
+        trace("update param " + std::to_string(p.param), "host optimizer (dispatcher)", t0, t1);
         std::lock_guard<std::mutex> lock(mu_);
-        stats_.update_seconds += now() - t0;
+        stats_.update_seconds += t1 - t0;
         done_gen_[i] = gen;
         cv_.notify_all();
       }

@@ -10,10 +10,13 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
 #include "ops/ops.h"
+#include "ops/timed_ops.h"
 
 namespace mop {
 
@@ -46,6 +49,18 @@ class HostOffload {
   virtual void drain() = 0;
   virtual OffloadStats take_stats() = 0;
   virtual const std::vector<HostParam>& params() const = 0;
+  // While tracing, host updates and the waits for them are recorded (steady-clock seconds);
+  // take_trace returns them relative to t0.
+  void set_tracing(bool on);
+  std::vector<TraceEvent> take_trace(double t0);
+
+ protected:
+  void trace(const std::string& name, const char* track, double start, double end);
+
+ private:
+  std::mutex trace_mu_;
+  bool tracing_ = false;
+  std::vector<TraceEvent> trace_;
 };
 
 // CPU backend: host-side pipeline with a dispatcher thread and the host AdamW engine.

@@ -51,6 +51,7 @@ class Optimizer {
   void weights_ready(int stage);  // before a forward reads the stage's weights
   void drain();                   // all host work finished (before reading state)
   OffloadStats take_offload_stats();
+  HostOffload* offload() { return offload_.get(); }
 
   bool on_host(int p) const { return !on_host_.empty() && on_host_[p]; }
   int num_host_params() const;

@@ -34,6 +34,7 @@ std::string human_count(double n) {
 int cmd_train(const TrainArgs& args, World& world) {
   std::vector<std::string> overrides = args.overrides;
   if (!args.resume.empty()) overrides.push_back("checkpoint.resume=" + args.resume);
+  if (args.profile_step > 0) overrides.push_back("train.profile_step=" + std::to_string(args.profile_step));
   Config cfg = load_config(args.config, overrides);
   setup_logging(cfg.log, world.rank, world.size);
   spdlog::info("mop {} | {} rank(s) | config {}", MOP_VERSION, world.size, args.config);

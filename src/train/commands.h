@@ -13,6 +13,7 @@ struct TrainArgs {
   std::string config;
   std::vector<std::string> overrides;
   std::string resume;  // empty: checkpoint.resume from the config
+  int64_t profile_step = 0;
 };
 int cmd_train(const TrainArgs& args, World& world);
 

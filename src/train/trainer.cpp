@@ -250,13 +250,16 @@ std::vector<bool> Trainer::choose_state_placement() {
   }
   int64_t host = host_param_elements(on_host);
   if (host == 0) return {};
+  int64_t host_params = 0;
+  for (int p = 0; p < n; ++p)
+    if (on_host[p]) host_params += layout_.params[p].numel();
   // The host engine is memory-bound at ~28 bytes per parameter; 5.2 G params/s was measured on the
   // H200 machine's 16-core host (README). The prediction is what would be exposed if nothing hid it.
   spdlog::info("optimizer state: {:.2f}M parameters on the host ({}), {:.2f}M on the {}; host "
                "update ≈ {:.0f} ms per step at 5 G params/s, {}",
-               host / 1e6, format_bytes(16.0 * double(host)),
-               (layout_.num_params() - host) / 1e6, device_name(placement_.device),
-               1e3 * double(host) / 5e9,
+               host_params / 1e6, format_bytes(16.0 * double(host)),
+               (layout_.num_params() - host_params) / 1e6, device_name(placement_.device),
+               1e3 * double(host_params) / 5e9,
                cfg_.optim.overlap ? "overlapped with the next forward" : "not overlapped");
   return on_host;
 }
@@ -334,6 +337,11 @@ size_t Trainer::device_memory_used() const {
 }
 
 void Trainer::train_step(StepMetrics& sm) {
+  const bool profile = cfg_.train.profile_step == step_ + 1 && world_.is_root();
+  if (profile) {
+    timed_->start_trace();
+    if (optim_->offload()) optim_->offload()->set_tracing(true);
+  }
   double t0 = now_seconds();
   double lr = learning_rate(cfg_.optim, step_, cfg_.train.steps);
   fill_step_batches();
@@ -378,6 +386,17 @@ void Trainer::train_step(StepMetrics& sm) {
   consumed_samples_ += cfg_.train.global_batch_size;
   ++step_;
   sm.step = step_;
+  if (profile) {
+    optim_->drain();  // the step's host updates belong to its trace
+    std::vector<TraceEvent> events = timed_->stop_trace();
+    if (HostOffload* off = optim_->offload()) {
+      for (TraceEvent& e : off->take_trace(timed_->trace_host_start())) events.push_back(std::move(e));
+      off->set_tracing(false);
+    }
+    std::string path = cfg_.checkpoint.dir + "/trace_step_" + std::to_string(step_) + ".json";
+    write_chrome_trace(path, events);
+    spdlog::info("wrote {} ({} events)", path, events.size());
+  }
   sm.times = timed_->collect();
   sm.offload = optim_->take_offload_stats();
   sm.step_seconds = now_seconds() - t0;

@@ -91,6 +91,9 @@ expect 2 "model.hidden_size 16 → 32" -- train --config good.yaml --set train.s
 expect 2 "checkpoint ckpt/step_999: not found" -- train --config good.yaml --set train.steps=8 --resume ckpt/step_999
 mkdir -p ckpt/step_50
 expect 2 "no manifest.json" -- train --config good.yaml --set train.steps=8 --resume ckpt/step_50
+expect 0 "wrote" -- train --config good.yaml --set train.steps=2 --set checkpoint.dir=ckpt_trace --set optim.state_placement=host --profile-step 2
+python3 -c "import json,sys; d=json.load(open('ckpt_trace/trace_step_2.json')); sys.exit(0 if len(d['traceEvents']) > 10 else 1)" \
+  || { echo "FAIL: the Chrome trace is not valid JSON with events"; failures=$((failures + 1)); }
 expect 0 "line" -- generate --checkpoint ckpt --prompt "line 1" --tokens 20 --temperature 0
 expect 2 "no checkpoint found" -- generate --checkpoint nowhere --prompt x
 
