@@ -26,6 +26,7 @@ TEST_CASE("tensor views: rows, at, view", "[cpu][core]") {
   CHECK(a.shape[0] == 4);
   CHECK(a.ptr<float>()[0] == 40);
   CHECK(x.t.view({12, 5}).shape[0] == 12);
+  CHECK(x.t.rows(1, 1).row_numel() == 20);  // zero rows still have a row width
   CHECK_THROWS_AS(x.t.view({7, 5}), Error);
   CHECK_THROWS_AS(x.t.rows(2, 4), Error);
 }

@@ -47,8 +47,12 @@ struct Tensor {
     MOP_CHECK(dim >= 0 && dim < ndim, "dim ", dim, " of a ", ndim, "-d tensor");
     return shape[dim];
   }
-  // Elements per index of dim 0 (a "row").
-  int64_t row_numel() const { return ndim == 0 ? 1 : numel() / (shape[0] == 0 ? 1 : shape[0]); }
+  // Elements per index of dim 0 (a "row"); well defined for zero rows too.
+  int64_t row_numel() const {
+    int64_t n = 1;
+    for (int i = 1; i < ndim; ++i) n *= shape[i];
+    return n;
+  }
 
   template <class T>
   T* ptr() const {

@@ -6,7 +6,7 @@
 
 namespace mop {
 
-ModelDims ModelDims::from(const Config& c) {
+ModelDims ModelDims::from(const Config& c, int ep_rank, int ep_size) {
   ModelDims d{};
   d.vocab = c.model.vocab_size;
   d.hidden = c.model.hidden_size;
@@ -28,6 +28,8 @@ ModelDims ModelDims::from(const Config& c) {
   d.init_std = c.model.init_std;
   d.aux_coef = c.moe.aux_loss_coef;
   d.z_coef = c.moe.z_loss_coef;
+  d.experts_local = d.experts / ep_size;
+  d.expert_offset = d.experts_local * ep_rank;
   return d;
 }
 
@@ -69,9 +71,10 @@ ModelLayout ModelLayout::build(const ModelDims& d) {
     if (d.is_moe(l)) {
       lp.router = add(p + "mlp.gate.weight", {d.experts, d.hidden}, ParamKind::Router, l,
                       g + "router");
-      lp.experts_gate_up = add(p + "mlp.experts.gate_up_proj", {d.experts, 2 * d.expert_ffn, d.hidden},
-                               ParamKind::Experts, l, g + "experts");
-      lp.experts_down = add(p + "mlp.experts.down_proj", {d.experts, d.hidden, d.expert_ffn},
+      lp.experts_gate_up = add(p + "mlp.experts.gate_up_proj",
+                               {d.experts_local, 2 * d.expert_ffn, d.hidden}, ParamKind::Experts, l,
+                               g + "experts");
+      lp.experts_down = add(p + "mlp.experts.down_proj", {d.experts_local, d.hidden, d.expert_ffn},
                             ParamKind::Experts, l, g + "experts");
       if (d.shared_ffn) {
         lp.shared_gate_up = add(p + "mlp.shared_expert.gate_up_proj", {2 * d.shared_ffn, d.hidden},
@@ -107,9 +110,9 @@ std::vector<HfView> ModelLayout::hf_views() const {
     std::string prefix = "model.layers." + std::to_string(def.layer) + ".mlp.";
     if (def.kind == ParamKind::Experts) {
       bool is_gate_up = def.name.ends_with("gate_up_proj");
-      int64_t per_expert = def.numel() / dims.experts;
-      for (int64_t e = 0; e < dims.experts; ++e) {
-        std::string ep = prefix + "experts." + std::to_string(e) + ".";
+      int64_t per_expert = def.numel() / dims.experts_local;
+      for (int64_t e = 0; e < dims.experts_local; ++e) {
+        std::string ep = prefix + "experts." + std::to_string(dims.expert_offset + e) + ".";
         if (is_gate_up)
           gate_up(ep, p, e * per_expert, dims.expert_ffn);
         else
@@ -137,7 +140,7 @@ int64_t ModelLayout::num_active_params() const {
   for (int p = 0; p < int(params.size()); ++p) {
     const auto& def = params[p];
     if (p == embedding && !dims.tied) continue;
-    n += def.kind == ParamKind::Experts ? def.numel() / dims.experts * dims.top_k : def.numel();
+    n += def.kind == ParamKind::Experts ? def.numel() / dims.experts_local * dims.top_k : def.numel();
   }
   return n;
 }

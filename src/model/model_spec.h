@@ -19,7 +19,11 @@ struct ModelDims {
   double rope_theta, rms_eps, init_std;
   double aux_coef, z_coef;
 
-  static ModelDims from(const Config& cfg);
+  // Expert parallelism: this rank holds experts [expert_offset, expert_offset + experts_local).
+  int64_t experts_local = 0, expert_offset = 0;
+
+  // The whole model (experts_local = experts), or rank ep_rank's shard of ep_size.
+  static ModelDims from(const Config& cfg, int ep_rank = 0, int ep_size = 1);
   bool is_moe(int64_t layer) const { return layer >= first_dense; }
   int64_t num_moe_layers() const { return layers - first_dense; }
   int64_t q_width() const { return heads * head_dim; }

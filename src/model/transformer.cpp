@@ -23,6 +23,10 @@ Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops
   const int64_t T = int64_t(opt_.max_batch) * opt_.max_seq, H = d_.hidden;
   const int64_t Q = d_.q_width(), KV = d_.kv_width(), E = d_.experts, K = d_.top_k;
   const int64_t TK = T * K;
+  if (opt_.groups) cp_ = opt_.groups->cp_size, ep_ = opt_.groups->ep_size;
+  MOP_CHECK(d_.experts_local * ep_ == E, "the layout holds ", d_.experts_local, " experts, ep ", ep_);
+  // Dropless expert parallelism: a rank may receive every row of its ep group (ep·T·K).
+  const int64_t R = TK * ep_;
   auto c = [&](std::initializer_list<int64_t> dims) { return arena_.add(cdt_, dims); };
   auto a = [&](std::initializer_list<int64_t> dims) { return arena_.add(adt_, dims); };
   auto i = [&](std::initializer_list<int64_t> dims) { return arena_.add(DType::I32, dims); };
@@ -36,6 +40,7 @@ Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops
     s.q_raw = c({T, Q}), s.k_raw = c({T, KV}), s.q = c({T, Q}), s.k = c({T, KV}), s.v = c({T, KV});
     s.q_rstd = a({T * d_.heads}), s.k_rstd = a({T * d_.kv_heads});
     s.attn = c({T, Q}), s.lse = a({T * d_.heads});
+    if (cp_ > 1) s.q_full = c({T, Q}), s.k_full = c({T, KV}), s.v_full = c({T, KV}), s.attn_full = c({T, Q});
     s.x_mid = c({T, H}), s.ln2 = c({T, H}), s.rstd2 = a({T});
     // With recompute the single set serves every layer, so it needs both MoE and dense buffers;
     // without, layer `set` needs only its own kind.
@@ -47,8 +52,9 @@ Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops
       s.counts = i({E}), s.offsets = i({E + 1}), s.perm_src = i({TK}), s.slot_of = i({TK});
       s.aux_grad = a({E});
       s.offsets_host = host_arena_.add(DType::I32, {E + 1});
-      s.xp = c({TK, H}), s.gu = c({TK, 2 * d_.expert_ffn}), s.h = c({TK, d_.expert_ffn});
+      s.xp = c({TK, H}), s.gu = c({R, 2 * d_.expert_ffn}), s.h = c({R, d_.expert_ffn});
       s.yp = c({TK, H});
+      if (ep_ > 1) s.xp_local = c({R, H}), s.yp_local = c({R, H});
       if (d_.shared_ffn) s.shared_gu = c({T, 2 * d_.shared_ffn}), s.shared_h = c({T, d_.shared_ffn});
     }
     if (dense) s.ffn_gu = c({T, 2 * d_.dense_ffn}), s.ffn_h = c({T, d_.dense_ffn});
@@ -59,8 +65,13 @@ Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops
   s_.dq_raw = c({T, Q}), s_.dk_raw = c({T, KV});
   if (any_moe) {
     s_.dlogits = a({T, E}), s_.dlogits_c = c({T, E}), s_.dtopk_w = a({T, K});
-    s_.dyp = c({TK, H}), s_.dh = c({TK, d_.expert_ffn}), s_.dgu = c({TK, 2 * d_.expert_ffn});
+    s_.dyp = c({TK, H}), s_.dh = c({R, d_.expert_ffn}), s_.dgu = c({R, 2 * d_.expert_ffn});
     s_.dxp = c({TK, H});
+    if (ep_ > 1) s_.dyp_local = c({R, H}), s_.dxp_local = c({R, H}), s_.dispatch_scratch = c({R, H});
+    if (cp_ > 1) s_.counts_global = i({E});
+  }
+  if (cp_ > 1) {
+    s_.dattn_full = c({T, Q}), s_.dq_full = c({T, Q}), s_.dk_full = c({T, KV}), s_.dv_full = c({T, KV});
   }
   // Dense-layer and shared-expert FFN gradients share one pair of buffers of the wider width.
   int64_t ffn_w = std::max(any_dense ? d_.dense_ffn : 0, any_moe ? d_.shared_ffn : 0);
@@ -73,14 +84,27 @@ Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops
   s_.scratch_losses = a({2});
 }
 
+Transformer::~Transformer() = default;
+
 void Transformer::allocate() {
   arena_.allocate();
   host_arena_.allocate();
+  if (cp_ > 1) {
+    MOP_CHECK(d_.heads % cp_ == 0 && d_.kv_heads % cp_ == 0, "Ulysses attention needs the heads "
+              "to divide by cp");
+    ulysses_ = std::make_unique<UlyssesExchange>(*opt_.groups->cp_data, ops_, opt_.max_batch,
+                                                 opt_.max_seq * cp_, d_.heads / cp_ * d_.head_dim, cdt_);
+  }
+  if (ep_ > 1)
+    for (size_t set = 0; set < acts_.size(); ++set)
+      dispatch_.push_back(std::make_unique<ExpertDispatcher>(*opt_.groups->ep_data, *opt_.groups->ep_host,
+                                                             ops_, d_.experts, int64_t(opt_.max_batch) *
+                                                                 opt_.max_seq * d_.top_k * ep_));
   OpShapes shapes;
   shapes.max_tokens = int64_t(opt_.max_batch) * opt_.max_seq;
   shapes.batch = opt_.max_batch;
-  shapes.seq = opt_.max_seq;
-  shapes.heads = d_.heads, shapes.kv_heads = d_.kv_heads, shapes.head_dim = d_.head_dim;
+  shapes.seq = int64_t(opt_.max_seq) * cp_;  // attention sees whole sequences, heads/cp of them
+  shapes.heads = d_.heads / cp_, shapes.kv_heads = d_.kv_heads / cp_, shapes.head_dim = d_.head_dim;
   shapes.hidden = d_.hidden, shapes.experts = d_.experts, shapes.top_k = d_.top_k;
   shapes.expert_ffn = d_.expert_ffn, shapes.vocab = d_.vocab;
   shapes.lm_head_chunk = arena_.tensor(s_.lm_ws).shape[0];
@@ -120,54 +144,121 @@ void Transformer::ffn_bwd(int gate_up, int down, int gu_slot, int h_slot, Tensor
 void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor losses,
                           float aux_scale) {
   const LayerParams& P = layout_.layers[l];
-  const int64_t K = d_.top_k;
+  const int64_t K = d_.top_k, TK = T * K;
   Tensor ln2 = act(a.ln2, T), logits = act(a.logits, T), probs = act(a.probs, T);
   Tensor topk_idx = act(a.topk_idx, T), topk_w = act(a.topk_w, T), rlse = act(a.rlse, T);
   Tensor counts = arena_.tensor(a.counts), offsets = arena_.tensor(a.offsets);
-  Tensor perm_src = act(a.perm_src, T * K), slot_of = act(a.slot_of, T * K);
+  Tensor perm_src = act(a.perm_src, TK), slot_of = act(a.slot_of, TK);
   ops_.gemm(logits, ln2, false, W(P.router), true, 1, 0);  // fp32 router logits [T,E]
   ops_.router_fwd(topk_idx, topk_w, probs, rlse, logits, d_.renormalize);
   ops_.moe_route_plan(counts, offsets, perm_src, slot_of, topk_idx);
   // The group sizes are needed on the host (one small device→host copy per MoE layer).
   Tensor offsets_host = host_arena_.tensor(a.offsets_host);
   ops_.copy(offsets_host, offsets);
+  // Router losses over the micro-batch's whole sequences: with cp ranks, over their tokens
+  // together. The op's terms use its local T; with counts summed over the cp group, scaling the
+  // coefficients by 1/cp² (aux) and 1/cp (z) makes each rank's share exactly its part of the
+  // global terms (T_global = cp·T), so the shares add up over the group.
+  Tensor loss_counts = counts;
+  if (cp_ > 1) {
+    loss_counts = arena_.tensor(s_.counts_global);
+    ops_.copy(loss_counts, counts);
+    opt_.groups->cp_data->all_reduce_sum(loss_counts);
+  }
   float layer_w = aux_scale / float(d_.num_moe_layers());
-  ops_.moe_aux_loss(losses, arena_.tensor(a.aux_grad), probs, rlse, counts, int(K),
-                    float(d_.aux_coef) * layer_w, float(d_.z_coef) * layer_w);
-  Tensor xp = act(a.xp, T * K), gu = act(a.gu, T * K), h = act(a.h, T * K), yp = act(a.yp, T * K);
+  ops_.moe_aux_loss(losses, arena_.tensor(a.aux_grad), probs, rlse, loss_counts, int(K),
+                    float(d_.aux_coef) * layer_w / float(cp_ * cp_), float(d_.z_coef) * layer_w / float(cp_));
+  Tensor xp = act(a.xp, TK), yp = act(a.yp, TK);
   ops_.moe_permute_fwd(xp, ln2, perm_src);
-  ops_.grouped_gemm_fwd(gu, xp, W(P.experts_gate_up), offsets_host);
+  // Experts: this rank's, on rows from every rank of the ep group (ep = 1: all, locally).
+  Tensor xpl = xp, ypl = yp, local_offsets = offsets_host;
+  int64_t rows = TK;
+  if (ep_ > 1) {
+    ExpertDispatcher& disp = *dispatch_[&a - acts_.data()];
+    std::vector<int32_t> per_expert(size_t(d_.experts));
+    const int32_t* off = offsets_host.ptr<int32_t>();
+    for (int64_t e = 0; e < d_.experts; ++e) per_expert[size_t(e)] = off[e + 1] - off[e];
+    disp.plan(per_expert.data());
+    rows = disp.rows_in();
+    local_offsets = disp.local_offsets();
+    xpl = act(a.xp_local, rows), ypl = act(a.yp_local, rows);
+    disp.dispatch(xpl, xp, arena_.tensor(s_.dispatch_scratch));
+  }
+  Tensor gu = act(a.gu, rows), h = act(a.h, rows);
+  ops_.grouped_gemm_fwd(gu, xpl, W(P.experts_gate_up), local_offsets);
   ops_.swiglu_fwd(h, gu);
-  ops_.grouped_gemm_fwd(yp, h, W(P.experts_down), offsets_host);
+  ops_.grouped_gemm_fwd(ypl, h, W(P.experts_down), local_offsets);
+  if (ep_ > 1) dispatch_[&a - acts_.data()]->combine(yp, ypl, arena_.tensor(s_.dispatch_scratch));
   ops_.moe_unpermute_fwd(x_out, yp, slot_of, topk_w, /*accumulate=*/true);
   if (d_.shared_ffn) ffn_fwd(P.shared_gate_up, P.shared_down, a.shared_gu, a.shared_h, ln2, x_out, T);
 }
 
 void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln, float aux_scale) {
   const LayerParams& P = layout_.layers[l];
-  const int64_t K = d_.top_k;
-  Tensor ln2 = act(a.ln2, T), offsets = host_arena_.tensor(a.offsets_host);
-  Tensor slot_of = act(a.slot_of, T * K);
-  Tensor topk_w = act(a.topk_w, T);
-  Tensor xp = act(a.xp, T * K), gu = act(a.gu, T * K), h = act(a.h, T * K), yp = act(a.yp, T * K);
-  Tensor dyp = act(s_.dyp, T * K), dh = act(s_.dh, T * K), dgu = act(s_.dgu, T * K);
-  Tensor dxp = act(s_.dxp, T * K), dtopk_w = act(s_.dtopk_w, T);
+  const int64_t K = d_.top_k, TK = T * K;
+  Tensor ln2 = act(a.ln2, T), slot_of = act(a.slot_of, TK), topk_w = act(a.topk_w, T);
+  Tensor yp = act(a.yp, TK), dyp = act(s_.dyp, TK), dxp = act(s_.dxp, TK), dtopk_w = act(s_.dtopk_w, T);
   ops_.moe_unpermute_bwd(dyp, dtopk_w, dx, yp, slot_of, topk_w);
-  ops_.grouped_gemm_bwd_data(dh, dyp, W(P.experts_down), offsets);
-  ops_.grouped_gemm_bwd_weight(G(P.experts_down), dyp, h, offsets);
+  Tensor dypl = dyp, dxpl = dxp, xpl = act(a.xp, TK), local_offsets = host_arena_.tensor(a.offsets_host);
+  int64_t rows = TK;
+  ExpertDispatcher* disp = ep_ > 1 ? dispatch_[&a - acts_.data()].get() : nullptr;
+  if (disp) {  // the forward's plan: the same rows travel back the other way
+    rows = disp->rows_in();
+    local_offsets = disp->local_offsets();
+    dypl = act(s_.dyp_local, rows), dxpl = act(s_.dxp_local, rows), xpl = act(a.xp_local, rows);
+    disp->dispatch(dypl, dyp, arena_.tensor(s_.dispatch_scratch));
+  }
+  Tensor gu = act(a.gu, rows), h = act(a.h, rows), dh = act(s_.dh, rows), dgu = act(s_.dgu, rows);
+  ops_.grouped_gemm_bwd_data(dh, dypl, W(P.experts_down), local_offsets);
+  ops_.grouped_gemm_bwd_weight(G(P.experts_down), dypl, h, local_offsets);
   ops_.swiglu_bwd(dgu, dh, gu);
-  ops_.grouped_gemm_bwd_data(dxp, dgu, W(P.experts_gate_up), offsets);
-  ops_.grouped_gemm_bwd_weight(G(P.experts_gate_up), dgu, xp, offsets);
+  ops_.grouped_gemm_bwd_data(dxpl, dgu, W(P.experts_gate_up), local_offsets);
+  ops_.grouped_gemm_bwd_weight(G(P.experts_gate_up), dgu, xpl, local_offsets);
+  if (disp) disp->combine(dxp, dxpl, arena_.tensor(s_.dispatch_scratch));
   ops_.moe_permute_bwd(dln, dxp, slot_of, int(K), /*accumulate=*/false);
-  // Router: through the combine weights, the load-balancing loss and the z-loss.
+  // Router: through the combine weights, the load-balancing loss and the z-loss (over the cp
+  // group's T·cp tokens, as in the forward).
   Tensor dlogits = act(s_.dlogits, T), dlogits_c = act(s_.dlogits_c, T);
-  float z_scale = float(d_.z_coef) * aux_scale / float(d_.num_moe_layers()) / float(T);
+  float z_scale = float(d_.z_coef) * aux_scale / float(d_.num_moe_layers()) / float(T * cp_);
   ops_.router_bwd(dlogits, dtopk_w, act(a.probs, T), act(a.rlse, T), act(a.topk_idx, T), topk_w,
                   arena_.tensor(a.aux_grad), z_scale, d_.renormalize);
   ops_.copy(dlogits_c, dlogits);
   ops_.gemm(dln, dlogits_c, false, W(P.router), false, 1, 1);  // dln[T,H] += dlogits[T,E]·Wr[E,H]
   ops_.gemm(G(P.router), dlogits_c, true, ln2, false, 1, 1);
   if (d_.shared_ffn) ffn_bwd(P.shared_gate_up, P.shared_down, a.shared_gu, a.shared_h, ln2, dx, dln, T);
+}
+
+// Sequence-parallel attention: trade token shards for head shards, attend over whole sequences,
+// trade back (sequence_parallel.h). T is this rank's token count; the exchanged tensors hold the
+// same number of elements in both layouts.
+void Transformer::attention_fwd(const Acts& a, const Batch& b, int64_t T) {
+  const int64_t D = d_.head_dim, Nq = d_.heads, Nkv = d_.kv_heads, S = int64_t(b.seq) * cp_;
+  const int64_t rows = int64_t(b.batch) * S;
+  Tensor qf = act(a.q_full, T), kf = act(a.k_full, T), vf = act(a.v_full, T), of = act(a.attn_full, T);
+  ulysses_->to_full(qf, act(a.q, T), Nq);
+  ulysses_->to_full(kf, act(a.k, T), Nkv);
+  ulysses_->to_full(vf, act(a.v, T), Nkv);
+  ops_.attention_fwd(of.view({rows, Nq / cp_, D}), act(a.lse, T * Nq).view({b.batch, Nq / cp_, S}),
+                     qf.view({rows, Nq / cp_, D}), kf.view({rows, Nkv / cp_, D}),
+                     vf.view({rows, Nkv / cp_, D}), b.batch, float(1.0 / std::sqrt(double(D))));
+  ulysses_->to_local(act(a.attn, T), of, Nq);
+}
+
+void Transformer::attention_bwd(const Acts& a, const Batch& b, int64_t T) {
+  const int64_t D = d_.head_dim, Nq = d_.heads, Nkv = d_.kv_heads, S = int64_t(b.seq) * cp_;
+  const int64_t rows = int64_t(b.batch) * S;
+  Tensor dof = act(s_.dattn_full, T), dqf = act(s_.dq_full, T), dkf = act(s_.dk_full, T);
+  Tensor dvf = act(s_.dv_full, T);
+  ulysses_->to_full(dof, act(s_.dattn, T), Nq);
+  ops_.attention_bwd(dqf.view({rows, Nq / cp_, D}), dkf.view({rows, Nkv / cp_, D}),
+                     dvf.view({rows, Nkv / cp_, D}), dof.view({rows, Nq / cp_, D}),
+                     act(a.q_full, T).view({rows, Nq / cp_, D}), act(a.k_full, T).view({rows, Nkv / cp_, D}),
+                     act(a.v_full, T).view({rows, Nkv / cp_, D}), act(a.attn_full, T).view({rows, Nq / cp_, D}),
+                     act(a.lse, T * Nq).view({b.batch, Nq / cp_, S}), b.batch,
+                     float(1.0 / std::sqrt(double(D))));
+  ulysses_->to_local(act(s_.dq, T), dqf, Nq);
+  ulysses_->to_local(act(s_.dk, T), dkf, Nkv);
+  ulysses_->to_local(act(s_.dv, T), dvf, Nkv);
 }
 
 void Transformer::layer_fwd(int l, const Acts& a, const Batch& b, Tensor x_in, Tensor x_out,
@@ -194,8 +285,12 @@ void Transformer::layer_fwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
   Tensor q3 = q.view({T, Nq, D}), k3 = k.view({T, Nkv, D}), v3 = v.view({T, Nkv, D});
   ops_.rope_fwd(q3, b.positions, theta);
   ops_.rope_fwd(k3, b.positions, theta);
-  ops_.attention_fwd(attn.view({T, Nq, D}), act(a.lse, T * Nq).view({b.batch, Nq, b.seq}), q3, k3,
-                     v3, b.batch, float(1.0 / std::sqrt(double(D))));
+  if (cp_ > 1) {
+    attention_fwd(a, b, T);
+  } else {
+    ops_.attention_fwd(attn.view({T, Nq, D}), act(a.lse, T * Nq).view({b.batch, Nq, b.seq}), q3,
+                       k3, v3, b.batch, float(1.0 / std::sqrt(double(D))));
+  }
   ops_.copy(x_mid, x_in);
   ops_.gemm(x_mid, attn, false, W(P.o), true, 1, 1);  // x_mid = x_in + attn·Woᵀ
   ops_.rmsnorm_fwd(ln2, act(a.rstd2, T), x_mid, W(P.ln2), eps);
@@ -226,10 +321,14 @@ void Transformer::layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
   ops_.gemm(dattn, dx, false, W(P.o), false, 1, 0);  // [T,Nq·D] = dx[T,H]·Wo[H,Nq·D]
   ops_.gemm(G(P.o), dx, true, attn, false, 1, 1);
   Tensor q3 = act(a.q, T).view({T, Nq, D}), k3 = act(a.k, T).view({T, Nkv, D});
-  ops_.attention_bwd(dq.view({T, Nq, D}), dk.view({T, Nkv, D}), dv.view({T, Nkv, D}),
-                     dattn.view({T, Nq, D}), q3, k3, act(a.v, T).view({T, Nkv, D}),
-                     attn.view({T, Nq, D}), act(a.lse, T * Nq).view({b.batch, Nq, b.seq}),
-                     b.batch, float(1.0 / std::sqrt(double(D))));
+  if (cp_ > 1) {
+    attention_bwd(a, b, T);
+  } else {
+    ops_.attention_bwd(dq.view({T, Nq, D}), dk.view({T, Nkv, D}), dv.view({T, Nkv, D}),
+                       dattn.view({T, Nq, D}), q3, k3, act(a.v, T).view({T, Nkv, D}),
+                       attn.view({T, Nq, D}), act(a.lse, T * Nq).view({b.batch, Nq, b.seq}),
+                       b.batch, float(1.0 / std::sqrt(double(D))));
+  }
   ops_.rope_bwd(dq.view({T, Nq, D}), b.positions, theta);
   ops_.rope_bwd(dk.view({T, Nkv, D}), b.positions, theta);
   Tensor dq_raw = dq, dk_raw = dk;

@@ -9,11 +9,16 @@
 
 #include "core/memory.h"
 #include "model/params.h"
+#include "model/sequence_parallel.h"
 #include "ops/ops.h"
+#include "parallel/expert_dispatch.h"
+#include "parallel/groups.h"
 
 namespace mop {
 
-// One micro-batch: B sequences of S tokens, I32 tensors of B·S on the ops device.
+// One micro-batch on this rank: B sequences of S tokens each (with sequence parallelism, this
+// rank's S = S_full/cp tokens of every sequence, see sequence_parallel.h), I32 tensors of B·S on
+// the ops device.
 struct Batch {
   int batch = 0, seq = 0;
   Tensor ids, targets /* -1: masked */, positions;
@@ -35,14 +40,18 @@ struct StageHooks {
 };
 
 struct TransformerOptions {
-  int max_batch = 1, max_seq = 1;
+  int max_batch = 1, max_seq = 1;  // max_seq: tokens per sequence on this rank
   bool recompute = false;
   int64_t lm_head_chunk = 1024;
+  // Parallel groups (not owned); null: one rank. cp > 1 shards sequences (Ulysses attention),
+  // ep > 1 shards experts (the layout must hold this rank's experts).
+  ParallelGroups* groups = nullptr;
 };
 
 class Transformer {
  public:
   Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops, TransformerOptions options);
+  ~Transformer();
 
   // Planned activation memory on the ops device (bytes), available before allocate().
   size_t planned_bytes() const { return arena_.planned_bytes(); }
@@ -69,6 +78,8 @@ class Transformer {
     int logits = -1, probs = -1, rlse = -1, topk_idx = -1, topk_w = -1, counts = -1, offsets = -1;
     int perm_src = -1, slot_of = -1, aux_grad = -1, xp = -1, gu = -1, h = -1, yp = -1;
     int offsets_host = -1;  // host copy of offsets (grouped GEMMs size their groups on the host)
+    int q_full = -1, k_full = -1, v_full = -1, attn_full = -1;  // cp > 1: head-sharded, full sequences
+    int xp_local = -1, yp_local = -1;  // ep > 1: rows of this rank's experts from every rank
     int shared_gu = -1, shared_h = -1;  // shared expert
     int ffn_gu = -1, ffn_h = -1;        // dense FFN layers
   };
@@ -78,6 +89,8 @@ class Transformer {
     int dx, dln, dattn, dq, dk, dv, dq_raw, dk_raw, dlogits = -1, dlogits_c = -1, dtopk_w = -1;
     int dyp = -1, dh = -1, dgu = -1, dxp = -1, dffn_h = -1, dffn_gu = -1;
     int xf, rstd_f, dxf, loss_tok, lse_tok, lm_ws, losses, loss_tmp, scratch_out, scratch_losses;
+    int dattn_full = -1, dq_full = -1, dk_full = -1, dv_full = -1;  // cp > 1
+    int dyp_local = -1, dxp_local = -1, dispatch_scratch = -1, counts_global = -1;  // ep / cp > 1
   };
   Tensor W(int p) const { return params_.weight(p); }
   Tensor G(int p) const { return params_.grad(p); }
@@ -106,6 +119,11 @@ class Transformer {
   std::vector<int> xs_;  // layer inputs x_0..x_L (x_L feeds the final norm)
   Shared s_{};
   int last_T_ = 0;
+  int cp_ = 1, ep_ = 1;
+  std::unique_ptr<UlyssesExchange> ulysses_;
+  std::vector<std::unique_ptr<ExpertDispatcher>> dispatch_;  // per activation set (ep > 1)
+  void attention_fwd(const Acts& a, const Batch& b, int64_t T);
+  void attention_bwd(const Acts& a, const Batch& b, int64_t T);
   StageHooks hooks_;
   void before_forward(int stage) {
     if (hooks_.before_forward) hooks_.before_forward(stage);

@@ -103,6 +103,12 @@ void Optimizer::drain() {
   if (offload_) offload_->drain();
 }
 
+void Optimizer::set_distributed(std::vector<bool> sharded, Comm* shard_comm, Comm* world) {
+  sharded_ = std::move(sharded);
+  shard_comm_ = shard_comm;
+  world_ = world;
+}
+
 OffloadStats Optimizer::take_offload_stats() { return offload_ ? offload_->take_stats() : OffloadStats{}; }
 
 StepReport Optimizer::step(float lr) {
@@ -116,13 +122,18 @@ StepReport Optimizer::step(float lr) {
   for (int p = 0; p < n; ++p) ops_.sumsq(norm_slot(p), params_.grad(p));
   std::vector<double> sq(n);
   ops_.copy(Tensor(sq.data(), DType::F64, {n}), Tensor(norms_.data(), acc, {n}, dev));
-  double total = 0;
+  double local = 0, shard = 0;
   for (int p = 0; p < n; ++p) {
     if (!std::isfinite(sq[p]) && r.nonfinite_param.empty())
       r.nonfinite_param = params_.layout().params[p].name;
-    total += sq[p];
+    (!sharded_.empty() && sharded_[p] ? shard : local) += sq[p];
   }
-  r.grad_norm = std::sqrt(total);
+  if (shard_comm_) shard = shard_comm_->all_reduce_host(shard, Comm::Op::Sum);
+  if (world_) {
+    double bad = world_->all_reduce_host(r.nonfinite_param.empty() ? 0.0 : 1.0, Comm::Op::Max);
+    if (bad > 0 && r.nonfinite_param.empty()) r.nonfinite_param = "a parameter on another rank";
+  }
+  r.grad_norm = std::sqrt(local + shard);
   if (!r.nonfinite_param.empty()) return r;  // the caller skips the step or aborts
 
   float scale = 1.0f;

@@ -15,6 +15,7 @@
 #include "model/params.h"
 #include "ops/ops.h"
 #include "optim/host_offload.h"
+#include "parallel/comm.h"
 
 namespace mop {
 
@@ -46,6 +47,11 @@ class Optimizer {
   // be running when this returns: weights_ready() gates each stage's next use.
   StepReport step(float lr);
 
+  // Distributed gradient norm: parameters marked sharded (experts under expert parallelism) hold
+  // only this rank's share, summed over `shard_comm`; a non-finite gradient anywhere is agreed over
+  // `world` so every rank skips the same steps. Without this, everything is local.
+  void set_distributed(std::vector<bool> sharded, Comm* shard_comm, Comm* world);
+
   // Pipeline hooks of the host-placed state (no-ops when there is none).
   void grads_final(int stage);   // from the last micro-batch's backward
   void weights_ready(int stage);  // before a forward reads the stage's weights
@@ -75,6 +81,9 @@ class Optimizer {
   Buffer norms_;                 // acc scalars: one Σg² per parameter
   std::unique_ptr<HostOffload> offload_;
   int64_t updates_ = 0;
+  std::vector<bool> sharded_;
+  Comm* shard_comm_ = nullptr;
+  Comm* world_ = nullptr;
 };
 
 }  // namespace mop

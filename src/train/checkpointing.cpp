@@ -14,8 +14,6 @@ namespace mop {
 
 namespace {
 
-constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kOptimizerFile = "optimizer.safetensors";
 
 // The fp32 view of checkpoint tensor `v` inside parameter tensor `param` (a flat-buffer slot).
 Tensor hf_slice(const Tensor& param, const HfView& v) {
@@ -79,16 +77,36 @@ std::vector<Tensor> host_state(const Optimizer& optim, int n, int which, std::ve
   return out;
 }
 
-void load_tensors(const SafetensorsFile& file, const ModelLayout& layout, const std::string& suffix,
-                  const std::function<Tensor(int)>& param_slot, const std::string& differences) {
+// The tensor files of a checkpoint with this prefix ("model" or "optimizer"): one file, or one per
+// expert-parallel shard ("model-ep1-of-4.safetensors"); tensors are found by name in any of them,
+// so a checkpoint loads under any rank layout.
+std::vector<SafetensorsFile> open_shards(const std::string& dir, const std::string& prefix) {
+  std::vector<SafetensorsFile> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && name.ends_with(".safetensors")) files.emplace_back(entry.path());
+  }
+  MOP_USER_CHECK(!files.empty(), "checkpoint ", dir, ": no ", prefix, "*.safetensors");
+  return files;
+}
+
+void load_tensors(const std::vector<SafetensorsFile>& files, const ModelLayout& layout,
+                  const std::string& suffix, const std::function<Tensor(int)>& param_slot,
+                  const std::string& differences) {
   for (const HfView& v : layout.hf_views()) {
     std::string name = v.name + suffix;
-    const SafetensorsTensor* t = file.find(name);
+    const SafetensorsTensor* t = nullptr;
+    const SafetensorsFile* file = &files.front();
+    for (const SafetensorsFile& f : files)
+      if ((t = f.find(name))) {
+        file = &f;
+        break;
+      }
     std::string hint = differences.empty() ? "" : " (the config differs from the checkpoint's: " + differences + ")";
-    MOP_USER_CHECK(t, file.path().string(), ": no tensor '", name, "'", hint);
-    MOP_USER_CHECK(t->dtype == DType::F32, file.path().string(), ": tensor '", name, "' is ",
+    MOP_USER_CHECK(t, file->path().parent_path().string(), ": no tensor '", name, "'", hint);
+    MOP_USER_CHECK(t->dtype == DType::F32, file->path().string(), ": tensor '", name, "' is ",
                    dtype_name(t->dtype), ", expected f32");
-    MOP_USER_CHECK(t->shape == v.shape, file.path().string(), ": tensor '", name, "' has shape ",
+    MOP_USER_CHECK(t->shape == v.shape, file->path().string(), ": tensor '", name, "' has shape ",
                    shape_str(t->shape), ", the model expects ", shape_str(v.shape), hint);
     Tensor dst = hf_slice(param_slot(v.param), v);
     std::memcpy(dst.data, t->data, t->bytes);
@@ -98,30 +116,50 @@ void load_tensors(const SafetensorsFile& file, const ModelLayout& layout, const 
 }  // namespace
 
 std::string save_checkpoint(const Config& cfg, const ParamStore& params, const Optimizer& optim,
-                            const TrainerState& state, World& world) {
-  std::string saved;
-  if (world.is_root()) {
+                            const TrainerState& state, World& world, const ParallelGroups* groups) {
+  // Rank 0 creates step_N.tmp; one rank per expert shard (edp == 0) writes its tensors — rank 0
+  // also the dense ones — then rank 0 hashes every file, writes the manifest and renames.
+  const int ep = groups ? groups->ep : 0, ep_size = groups ? groups->ep_size : 1;
+  const bool writer = !groups || groups->edp == 0;
+  std::optional<CheckpointWriter> w;
+  if (world.is_root()) w.emplace(CheckpointWriter::begin(cfg.checkpoint.dir, state.step));
+  world.comm->barrier();
+  if (writer) {
     const ModelLayout& layout = params.layout();
-    CheckpointWriter w = CheckpointWriter::begin(cfg.checkpoint.dir, state.step);
+    const std::filesystem::path dir = checkpoint_tmp_dir(cfg.checkpoint.dir, state.step);
+    const std::string shard = ep_size > 1 ? "-ep" + std::to_string(ep) + "-of-" + std::to_string(ep_size) : "";
+    const std::string model_file = "model" + shard + ".safetensors";
+    const std::string optim_file = "optimizer" + shard + ".safetensors";
+    auto mine = [&](const HfView& v) {
+      return world.is_root() || layout.params[v.param].kind == ParamKind::Experts;
+    };
     SafetensorsMetadata meta{{"format", "pt"}, {"producer", "mop " MOP_VERSION}};
     const int n = params.num_params();
     {
       std::vector<Buffer> keep;
       std::vector<Tensor> master = host_state(optim, n, 0, keep);
       std::vector<SafetensorsEntry> model;
-      for (const HfView& v : layout.hf_views()) model.push_back({v.name, hf_slice(master[v.param], v)});
-      w.add_file(kModelFile, write_safetensors(w.file(kModelFile), model, meta));
+      for (const HfView& v : layout.hf_views())
+        if (mine(v)) model.push_back({v.name, hf_slice(master[v.param], v)});
+      FileDigest d = write_safetensors(dir / model_file, model, meta);
+      if (w) w->add_file(model_file, d);
     }
     {
       std::vector<Buffer> keep;
       std::vector<Tensor> m = host_state(optim, n, 1, keep), v2 = host_state(optim, n, 2, keep);
       std::vector<SafetensorsEntry> moments;
       for (const HfView& v : layout.hf_views()) {
+        if (!mine(v)) continue;
         moments.push_back({v.name + ".exp_avg", hf_slice(m[v.param], v)});
         moments.push_back({v.name + ".exp_avg_sq", hf_slice(v2[v.param], v)});
       }
-      w.add_file(kOptimizerFile, write_safetensors(w.file(kOptimizerFile), moments, meta));
+      FileDigest d = write_safetensors(dir / optim_file, moments, meta);
+      if (w) w->add_file(optim_file, d);
     }
+  }
+  world.comm->barrier();
+  std::string saved;
+  if (w) {
     Manifest m;
     m.step = state.step;
     m.config = dump_config(cfg);
@@ -130,7 +168,7 @@ std::string save_checkpoint(const Config& cfg, const ParamStore& params, const O
     m.state["seed"] = state.seed;
     m.state["data_fingerprint"] = state.data_fingerprint;
     m.state["world_size"] = world.size;
-    saved = w.commit(std::move(m)).string();
+    saved = w->commit(std::move(m)).string();
     for (const auto& gone : prune_checkpoints(cfg.checkpoint.dir, int(cfg.checkpoint.keep_last)))
       spdlog::debug("removed old checkpoint {}", gone.string());
   }
@@ -161,7 +199,7 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
   const ModelLayout& layout = params.layout();
   // Reads one state tensor per parameter (through host staging for those on the device).
   optim.drain();
-  auto load_state = [&](const SafetensorsFile& file, const std::string& suffix, int which) {
+  auto load_state = [&](const std::vector<SafetensorsFile>& file, const std::string& suffix, int which) {
     std::vector<Buffer> keep;
     std::vector<Tensor> dst, host;
     for (int p = 0; p < params.num_params(); ++p) {
@@ -179,7 +217,7 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
     for (size_t p = 0; p < dst.size(); ++p)
       if (dst[p].device != Device::CPU) optim.ops().copy(dst[p], host[p]);
   };
-  load_state(SafetensorsFile(std::filesystem::path(dir) / kModelFile), "", 0);
+  load_state(open_shards(dir, "model"), "", 0);
   TrainerState st;
   st.step = m.step;
   st.consumed_samples = m.state.at("consumed_samples", where).as_int64(where + ": consumed_samples");
@@ -187,7 +225,7 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
   st.seed = m.state.at("seed", where).as_uint64(where + ": seed");
   st.data_fingerprint = m.state.at("data_fingerprint", where).as_uint64(where + ": data_fingerprint");
   if (optim_state) {
-    SafetensorsFile f(std::filesystem::path(dir) / kOptimizerFile);
+    std::vector<SafetensorsFile> f = open_shards(dir, "optimizer");
     load_state(f, ".exp_avg", 1);
     load_state(f, ".exp_avg_sq", 2);
     optim.set_updates(st.optimizer_updates);

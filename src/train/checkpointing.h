@@ -10,6 +10,7 @@
 
 #include "config/config.h"
 #include "optim/optimizer.h"
+#include "parallel/groups.h"
 #include "parallel/world.h"
 
 namespace mop {
@@ -22,9 +23,10 @@ struct TrainerState {
   uint64_t data_fingerprint = 0;
 };
 
-// Writes <checkpoint.dir>/step_<N>/ and prunes old ones (rank 0 writes; all ranks take part).
+// Writes <checkpoint.dir>/step_<N>/ and prunes old ones; every rank takes part (one rank per
+// expert shard writes it; rank 0 the dense tensors and the manifest). groups: null for one rank.
 std::string save_checkpoint(const Config& cfg, const ParamStore& params, const Optimizer& optim,
-                            const TrainerState& state, World& world);
+                            const TrainerState& state, World& world, const ParallelGroups* groups);
 
 // The checkpoint to resume from for `mode` (none | auto | PATH), or nothing for a fresh start.
 std::optional<std::string> resolve_resume_dir(const Config& cfg);

@@ -125,22 +125,35 @@ Trainer::~Trainer() = default;
 
 void Trainer::build() {
   validate_parallel(cfg_, world_.size);
-  MOP_USER_CHECK(world_.size == 1, "multi-rank training lands with the distributed issue; run "
-                 "one rank for now (got ", world_.size, ")");
   MOP_USER_CHECK(!cfg_.data.paths.empty(), "data.paths: no training data given");
   MOP_USER_CHECK(world_.comm->all_equal(dump_config(cfg_)),
                  "the ranks were started with different configurations");
-  dp_size_ = int(cfg_.parallel.attention.dp);
-  dp_rank_ = world_.rank % dp_size_;
-  micro_batches_ = int(cfg_.train.global_batch_size / (cfg_.train.micro_batch_size * dp_size_));
 
-  // 1. Backend. 2. Layout, parameters, optimizer state.
+  // 1. Backend and parallel groups (attention: cp × dp, MoE: ep × dp over the same ranks).
   placement_ = resolve_placement(cfg_);
   auto timed = std::make_unique<TimedOps>(make_ops(placement_, world_.local_rank));
   timed_ = timed.get();
   ops_ = std::move(timed);
   device_used_at_start_ = device_memory_used();
-  layout_ = ModelLayout::build(ModelDims::from(cfg_));
+  groups_ = ParallelGroups::build(cfg_, world_, *ops_);
+  dp_size_ = groups_->dp_size;
+  dp_rank_ = groups_->dp;
+  micro_batches_ = int(cfg_.train.global_batch_size / (cfg_.train.micro_batch_size * dp_size_));
+  const int cp = groups_->cp_size;
+  if (cp > 1) {
+    MOP_USER_CHECK(cfg_.data.seq_len % (2 * cp) == 0, "data.seq_len: ", cfg_.data.seq_len,
+                   " must divide into 2 × parallel.attention.cp (", 2 * cp,
+                   ") chunks (each cp rank holds an early and a late chunk)");
+    MOP_USER_CHECK(cfg_.model.num_heads % cp == 0 && cfg_.model.num_kv_heads % cp == 0,
+                   "parallel.attention.cp: ", cp, " must divide model.num_heads (",
+                   cfg_.model.num_heads, ") and model.num_kv_heads (", cfg_.model.num_kv_heads,
+                   ") for the Ulysses all-to-all (ring attention is not implemented yet)");
+    local_positions_ = zigzag_positions(int(cfg_.data.seq_len), cp, groups_->cp);
+  }
+  local_seq_ = int(cfg_.data.seq_len) / cp;
+
+  // 2. Layout (this rank's experts), parameters.
+  layout_ = ModelLayout::build(ModelDims::from(cfg_, groups_->ep, groups_->ep_size));
   MemKind mem = placement_.device == Device::CUDA ? MemKind::Device : MemKind::Host;
   params_ = std::make_unique<ParamStore>(layout_, placement_.compute, placement_.grad, mem);
 
@@ -153,21 +166,31 @@ void Trainer::build() {
   // 4. Activations, planned then allocated once.
   TransformerOptions topt;
   topt.max_batch = int(cfg_.train.micro_batch_size);
-  topt.max_seq = int(cfg_.data.seq_len);
+  topt.max_seq = local_seq_;
   topt.recompute = cfg_.train.recompute;
   topt.lm_head_chunk = cfg_.train.lm_head_chunk;
+  topt.groups = groups_.get();
   model_ = std::make_unique<Transformer>(layout_, *params_, *ops_, topt);
   model_->allocate();
-  size_t tokens = size_t(micro_batches_) * size_t(cfg_.train.micro_batch_size) * size_t(cfg_.data.seq_len);
+  const size_t tokens_local = size_t(cfg_.train.micro_batch_size) * size_t(local_seq_);
+  const size_t tokens = size_t(micro_batches_) * tokens_local;
   ids_.assign(tokens, 0), targets_.assign(tokens, 0), positions_.assign(tokens, 0);
-  if (placement_.device == Device::CUDA) {  // one micro-batch's ids/targets/positions on the GPU
-    const int64_t T = cfg_.train.micro_batch_size * cfg_.data.seq_len;
-    batch_dev_ = Buffer(MemKind::Device, size_t(3 * T) * sizeof(int32_t));
+  if (cp > 1) {  // whole sequences as read, before this rank keeps its chunks
+    size_t full = size_t(cfg_.train.micro_batch_size) * size_t(cfg_.data.seq_len);
+    full_ids_.assign(full, 0), full_targets_.assign(full, 0), full_positions_.assign(full, 0);
   }
+  if (placement_.device == Device::CUDA)  // one micro-batch's ids/targets/positions on the GPU
+    batch_dev_ = Buffer(MemKind::Device, 3 * tokens_local * sizeof(int32_t));
 
   // 5. Optimizer state, placed per parameter group (GPU or host) in the memory left.
   std::vector<bool> on_host = choose_state_placement();
   optim_ = std::make_unique<Optimizer>(cfg_.optim, *params_, *ops_, on_host, int(cfg_.optim.host_threads));
+  if (world_.size > 1) {
+    std::vector<bool> sharded;
+    for (const ParamDef& p : layout_.params) sharded.push_back(p.kind == ParamKind::Experts);
+    optim_->set_distributed(std::move(sharded), groups_->ep_size > 1 ? groups_->ep_host.get() : nullptr,
+                            world_.comm.get());
+  }
   model_->set_hooks({[this](int stage) { optim_->weights_ready(stage); },
                      [this](int stage) {
                        if (last_micro_batch_) optim_->grads_final(stage);
@@ -293,20 +316,51 @@ void Trainer::resume_or_init() {
   spdlog::info("resumed from {} at step {} ({} samples consumed)", *dir, step_, consumed_samples_);
 }
 
+int64_t Trainer::fill_local(int64_t first, bool valid_split, int32_t* ids, int32_t* targets,
+                            int32_t* positions) {
+  const int b = int(cfg_.train.micro_batch_size);
+  auto fill = [&](int32_t* i, int32_t* t, int32_t* p) {
+    return valid_split ? loader_->fill_valid(first, b, i, t, p) : loader_->fill(first, b, i, t, p);
+  };
+  if (local_positions_.empty()) return fill(ids, targets, positions);
+  // Sequence parallelism: read whole sequences, keep this rank's chunks.
+  fill(full_ids_.data(), full_targets_.data(), full_positions_.data());
+  const int64_t S = cfg_.data.seq_len, sl = local_seq_;
+  int64_t valid = 0;
+  for (int64_t q = 0; q < b; ++q)
+    for (int64_t l = 0; l < sl; ++l) {
+      int64_t from = q * S + local_positions_[size_t(l)], to = q * sl + l;
+      ids[to] = full_ids_[size_t(from)];
+      targets[to] = full_targets_[size_t(from)];
+      positions[to] = full_positions_[size_t(from)];
+      valid += targets[to] >= 0;
+    }
+  return valid;
+}
+
 void Trainer::fill_step_batches() {
-  const int64_t b = cfg_.train.micro_batch_size, S = cfg_.data.seq_len;
+  const int64_t b = cfg_.train.micro_batch_size, T = b * local_seq_;
   int64_t valid = 0;
   for (int m = 0; m < micro_batches_; ++m) {
     int64_t first = consumed_samples_ + (int64_t(m) * dp_size_ + dp_rank_) * b;
-    size_t off = size_t(m) * size_t(b * S);
-    valid += loader_->fill(first, int(b), ids_.data() + off, targets_.data() + off,
-                           positions_.data() + off);
+    size_t off = size_t(m) * size_t(T);
+    valid += fill_local(first, false, ids_.data() + off, targets_.data() + off, positions_.data() + off);
   }
   step_valid_tokens_ = int64_t(world_.comm->all_reduce_host(double(valid), Comm::Op::Sum));
 }
 
+void Trainer::reduce_gradients() {
+  if (world_.size == 1) return;
+  // Dense weights are replicated on every rank: sum over all of them. Experts are sharded over
+  // ep: sum over the ranks that hold the same experts.
+  for (int p = 0; p < params_->num_params(); ++p) {
+    bool expert = layout_.params[p].kind == ParamKind::Experts;
+    (expert ? groups_->edp_data : groups_->world_data)->all_reduce_sum(params_->grad(p));
+  }
+}
+
 Batch Trainer::micro_batch(int m) {
-  const int64_t b = cfg_.train.micro_batch_size, S = cfg_.data.seq_len, T = b * S;
+  const int64_t b = cfg_.train.micro_batch_size, S = local_seq_, T = b * S;
   size_t off = size_t(m) * size_t(T);
   Batch batch;
   batch.batch = int(b);
@@ -324,6 +378,27 @@ Batch Trainer::micro_batch(int m) {
     }
   }
   return batch;
+}
+
+Trainer::StepLosses Trainer::compute_gradients() {
+  fill_step_batches();
+  float ce_scale = step_valid_tokens_ > 0 ? float(1.0 / double(step_valid_tokens_)) : 0.0f;
+  if (step_valid_tokens_ == 0)
+    spdlog::warn("step {}: every target of the step is masked; only the router losses train",
+                 step_ + 1);
+  ops_->fill(params_->grads_flat(), 0);
+  // Router losses are averaged over the step's micro-batches on every data-parallel rank.
+  const float aux_scale = 1.0f / float(micro_batches_ * dp_size_);
+  for (int m = 0; m < micro_batches_; ++m) {
+    last_micro_batch_ = m + 1 == micro_batches_;
+    model_->forward_backward(micro_batch(m), ce_scale, aux_scale);
+  }
+  last_micro_batch_ = false;
+  LossTerms lt = model_->take_losses();
+  double sums[3] = {lt.ce_sum, lt.aux, lt.z};
+  world_.comm->all_reduce_host(sums, 3, Comm::Op::Sum);
+  reduce_gradients();
+  return {step_valid_tokens_ > 0 ? sums[0] / double(step_valid_tokens_) : 0.0, sums[1], sums[2]};
 }
 
 size_t Trainer::device_memory_used() const {
@@ -344,24 +419,8 @@ void Trainer::train_step(StepMetrics& sm) {
   }
   double t0 = now_seconds();
   double lr = learning_rate(cfg_.optim, step_, cfg_.train.steps);
-  fill_step_batches();
-  float ce_scale = step_valid_tokens_ > 0 ? float(1.0 / double(step_valid_tokens_)) : 0.0f;
-  if (step_valid_tokens_ == 0)
-    spdlog::warn("step {}: every target of the step is masked; only the router losses train",
-                 step_ + 1);
-  ops_->fill(params_->grads_flat(), 0);
-  for (int m = 0; m < micro_batches_; ++m) {
-    last_micro_batch_ = m + 1 == micro_batches_;
-    model_->forward_backward(micro_batch(m), ce_scale, 1.0f / float(micro_batches_));
-  }
-  last_micro_batch_ = false;
-  LossTerms lt = model_->take_losses();
-  double sums[3] = {lt.ce_sum, lt.aux, lt.z};
-  world_.comm->all_reduce_host(sums, 3, Comm::Op::Sum);
-  world_.comm->all_reduce_sum(params_->grads_flat());
-  sm.loss = step_valid_tokens_ > 0 ? sums[0] / double(step_valid_tokens_) : 0.0;
-  sm.aux_loss = sums[1] / dp_size_;
-  sm.z_loss = sums[2] / dp_size_;
+  StepLosses losses = compute_gradients();
+  sm.loss = losses.loss, sm.aux_loss = losses.aux, sm.z_loss = losses.z;
   sm.lr = lr;
   sm.tokens = cfg_.train.global_batch_size * cfg_.data.seq_len;
 
@@ -408,7 +467,7 @@ double Trainer::evaluate() {
   double ce = 0, valid = 0;
   for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
     int64_t first = (i * dp_size_ + dp_rank_) * b;
-    valid += double(loader_->fill_valid(first, int(b), ids_.data(), targets_.data(), positions_.data()));
+    valid += double(fill_local(first, true, ids_.data(), targets_.data(), positions_.data()));
     model_->forward(micro_batch(0), 0.0f);
     ce += model_->take_losses().ce_sum;
   }
@@ -425,7 +484,7 @@ void Trainer::save_checkpoint() {
   st.optimizer_updates = optim_->updates();
   st.seed = uint64_t(cfg_.train.seed);
   st.data_fingerprint = loader_->fingerprint();
-  std::string dir = mop::save_checkpoint(cfg_, *params_, *optim_, st, world_);
+  std::string dir = mop::save_checkpoint(cfg_, *params_, *optim_, st, world_, groups_.get());
   last_saved_step_ = step_;
   spdlog::info("saved checkpoint {}", dir);
 }

@@ -12,6 +12,7 @@
 #include "model/transformer.h"
 #include "ops/timed_ops.h"
 #include "optim/optimizer.h"
+#include "parallel/groups.h"
 #include "parallel/world.h"
 #include "train/metrics.h"
 
@@ -44,10 +45,23 @@ class Trainer {
   void run();
   int64_t step() const { return step_; }
 
+  // The current step's gradients (all micro-batches, reduced over ranks) and its losses: what a
+  // step does before the optimizer. Public for the multi-rank invariance tests.
+  struct StepLosses {
+    double loss = 0, aux = 0, z = 0;
+  };
+  StepLosses compute_gradients();
+  const ParamStore& params() const { return *params_; }
+  const ModelLayout& layout() const { return layout_; }
+
  private:
   void build();
   void resume_or_init();
   void fill_step_batches();
+  // Samples [first, first + micro_batch) of the training (or validation) split; keeps this rank's
+  // tokens of every sequence. Returns the unmasked targets among them.
+  int64_t fill_local(int64_t first, bool valid_split, int32_t* ids, int32_t* targets, int32_t* positions);
+  void reduce_gradients();
   Batch micro_batch(int m);
   void train_step(StepMetrics& sm);
   double evaluate();
@@ -76,6 +90,10 @@ class Trainer {
   int micro_batches_ = 1;        // per optimizer step on this rank
   int dp_rank_ = 0, dp_size_ = 1;
   std::vector<int32_t> ids_, targets_, positions_;  // this rank's micro-batches of the step
+  std::unique_ptr<ParallelGroups> groups_;
+  int local_seq_ = 0;                    // tokens of each sequence on this rank (S / cp)
+  std::vector<int> local_positions_;     // cp > 1: which positions of a sequence this rank holds
+  std::vector<int32_t> full_ids_, full_targets_, full_positions_;  // cp > 1: staging
   int64_t step_valid_tokens_ = 0;                   // unmasked targets of the step, all ranks
   int64_t last_saved_step_ = -1;
   Buffer batch_dev_;  // one micro-batch's ids, targets, positions on the GPU

@@ -1,0 +1,45 @@
+// Sequence-sharded attention (Ulysses): each of the cp ranks of a group holds S/cp tokens of every
+// sequence — two chunks of S/(2cp), an early one and its mirror from the end (chunks i and
+// 2cp−1−i), so the causal work is balanced. Around attention an all-to-all trades the sequence
+// sharding for head sharding: every rank then holds the whole sequences for heads/cp heads, runs
+// ordinary causal attention, and trades back.
+//   to_full:  local [T_l, heads·D] → send rows (destination-major) → all-to-all → rows in sequence
+//             order, [batch·S, heads/cp·D]
+//   to_local: the exact inverse (also the backward of to_full, and vice versa)
+// Both directions are a row gather, an all-to-all of equal counts and a row gather.
+#pragma once
+
+#include <vector>
+
+#include "core/memory.h"
+#include "ops/ops.h"
+#include "parallel/comm.h"
+
+namespace mop {
+
+// Positions (within a sequence of S) of the S/cp tokens rank cp_rank holds, in its local order.
+std::vector<int> zigzag_positions(int seq, int cp_size, int cp_rank);
+
+class UlyssesExchange {
+ public:
+  // batch sequences of seq (full length) tokens; max_width: the widest row exchanged
+  // (heads/cp · head_dim over q, k and v) in elements of `dtype`.
+  UlyssesExchange(Comm& cp, Ops& ops, int batch, int seq, int64_t max_width, DType dtype);
+
+  void to_full(Tensor full, const Tensor& local, int64_t heads);
+  void to_local(Tensor local, const Tensor& full, int64_t heads);
+
+ private:
+  Comm& comm_;
+  Ops& ops_;
+  int cp_, batch_, seq_;
+  int64_t local_tokens_;  // T_l = batch · seq / cp
+  Buffer index_;          // device I32: pack, unpack, pack_out, unpack_out (each batch·seq)
+  Buffer send_, recv_;    // [batch·seq, max_width]
+  DType dtype_;
+  int64_t max_width_;
+  Tensor map(int which) const;
+  Tensor scratch(const Buffer& b, int64_t width) const;
+};
+
+}  // namespace mop

@@ -1,0 +1,188 @@
+// NCCL collectives on device tensors, enqueued on the backend's stream; the communicator is
+// bootstrapped through MPI (rank 0's id broadcast to the group). Variable all-to-all is one NCCL
+// group of send/recv pairs with byte counts, so rows of any dtype move unchanged.
+#include "parallel/cuda_nccl_comm.h"
+
+#include <exception>
+#include <string>
+
+#include "core/cuda_check.h"
+#include "parallel/nccl_check.h"
+
+namespace mop {
+namespace {
+
+#define MOP_NCCL_MPI_CHECK(call)                                            \
+  do {                                                                      \
+    int mpi_rc_ = (call);                                                   \
+    if (mpi_rc_ != MPI_SUCCESS) {                                           \
+      char msg_[MPI_MAX_ERROR_STRING];                                      \
+      int len_ = 0;                                                         \
+      MPI_Error_string(mpi_rc_, msg_, &len_);                               \
+      MOP_CHECK(false, #call, ": ", std::string(msg_, size_t(len_)));       \
+    }                                                                       \
+  } while (0)
+
+ncclDataType_t nccl_sum_type(DType t) {
+  switch (t) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::BF16: return ncclBfloat16;
+    case DType::I32: return ncclInt32;
+    case DType::I64: return ncclInt64;
+    default: break;
+  }
+  MOP_CHECK(false, "NCCL sum of ", dtype_name(t), " (f32, bf16, f64, i32, i64 only)");
+  return ncclFloat32;
+}
+
+int64_t num_rows(const Tensor& t) { return t.ndim ? t.shape[0] : 1; }
+
+class NcclComm final : public Comm {
+ public:
+  NcclComm(MPI_Comm group, cudaStream_t stream) : group_(group), stream_(stream) {
+    if (group_ != MPI_COMM_NULL) {
+      int initialized = 0, finalized = 0;
+      MPI_Initialized(&initialized);
+      MPI_Finalized(&finalized);
+      MOP_CHECK(initialized && !finalized,
+                "make_nccl_comm needs MPI initialised (or MPI_COMM_NULL for a group of one)");
+      MOP_NCCL_MPI_CHECK(MPI_Comm_rank(group_, &rank_));
+      MOP_NCCL_MPI_CHECK(MPI_Comm_size(group_, &size_));
+    }
+    ncclUniqueId id{};
+    if (rank_ == 0) MOP_NCCL_CHECK(ncclGetUniqueId(&id));
+    // If rank 0 failed above it throws, and the job's abort path (World::abort) ends the ranks
+    // waiting here; a timeout would only add a second message.
+    if (group_ != MPI_COMM_NULL)
+      MOP_NCCL_MPI_CHECK(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, group_));
+    MOP_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+  }
+
+  ~NcclComm() override {
+    // ncclCommDestroy waits for outstanding work and is collective among the ranks of a node;
+    // while an exception unwinds or after an asynchronous error the peers may never join, so the
+    // communicator is aborted instead (local, returns at once). Errors here cannot be reported.
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess) async = ncclInternalError;
+    if (std::uncaught_exceptions() > 0 || async != ncclSuccess)
+      ncclCommAbort(comm_);
+    else
+      ncclCommDestroy(comm_);
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return "nccl"; }
+
+  void all_reduce_sum(Tensor x) override {
+    device(x);
+    ncclDataType_t type = nccl_sum_type(x.dtype);
+    if (x.numel() == 0) return;  // same size on every rank, so every rank skips
+    MOP_NCCL_CHECK(
+        ncclAllReduce(x.data, x.data, size_t(x.numel()), type, ncclSum, comm_, stream_));
+  }
+
+  void all_gather(Tensor out, const Tensor& in) override {
+    device(out), device(in);
+    MOP_CHECK(out.bytes() == in.bytes() * size_t(size_) && out.dtype == in.dtype,
+              "all_gather sizes: out ", out.shape_str(), ", in ", in.shape_str(), " × ", size_);
+    if (in.bytes() == 0) return;
+    MOP_NCCL_CHECK(ncclAllGather(in.data, out.data, in.bytes(), ncclUint8, comm_, stream_));
+  }
+
+  void reduce_scatter_sum(Tensor out, const Tensor& in) override {
+    device(out), device(in);
+    MOP_CHECK(in.numel() == out.numel() * size_ && out.dtype == in.dtype,
+              "reduce_scatter sizes: out ", out.shape_str(), " × ", size_, ", in ", in.shape_str());
+    ncclDataType_t type = nccl_sum_type(in.dtype);
+    if (out.numel() == 0) return;
+    MOP_NCCL_CHECK(ncclReduceScatter(in.data, out.data, size_t(out.numel()), type, ncclSum, comm_,
+                                     stream_));
+  }
+
+  void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts, const Tensor& in,
+                    const std::vector<int64_t>& send_counts) override {
+    device(out), device(in);
+    MOP_CHECK(int(recv_counts.size()) == size_ && int(send_counts.size()) == size_,
+              "all_to_all_v needs one count per rank");
+    // Rows move as bytes: any dtype, width taken from the input rows.
+    const size_t row_bytes = size_t(in.row_numel()) * dtype_size(in.dtype);
+    MOP_CHECK(size_t(out.row_numel()) * dtype_size(out.dtype) == row_bytes, "row widths differ");
+    int64_t num_send = 0, num_recv = 0;
+    for (int r = 0; r < size_; ++r) {
+      MOP_CHECK(send_counts[r] >= 0 && recv_counts[r] >= 0, "negative count for rank ", r);
+      num_send += send_counts[r], num_recv += recv_counts[r];
+    }
+    MOP_CHECK(num_send <= num_rows(in) && num_recv <= num_rows(out),
+              "all_to_all_v counts exceed the buffers: send ", num_send, " of ", num_rows(in),
+              " rows, receive ", num_recv, " of ", num_rows(out));
+    // Sends and receives of one group run concurrently: an aliased buffer would be overwritten
+    // while it is still being read.
+    MOP_CHECK(num_send == 0 || num_recv == 0 || in.data != out.data,
+              "all_to_all_v cannot run in place");
+    const char* src = static_cast<const char*>(in.data);
+    char* dst = static_cast<char*>(out.data);
+    // Every pair, this rank's own included (NCCL copies to self inside the group), so one rank
+    // runs the same path as many. Peers with zero rows are skipped on both sides, which is
+    // consistent because the counts agree (rank s's send_counts[d] is rank d's recv_counts[s]).
+    ncclResult_t first_send_recv_error = ncclSuccess;
+    MOP_NCCL_CHECK(ncclGroupStart());
+    size_t send_off = 0, recv_off = 0;
+    for (int r = 0; r < size_ && first_send_recv_error == ncclSuccess; ++r) {
+      size_t send_bytes = size_t(send_counts[r]) * row_bytes;
+      size_t recv_bytes = size_t(recv_counts[r]) * row_bytes;
+      if (send_bytes)
+        first_send_recv_error =
+            ncclSend(src + send_off, send_bytes, ncclUint8, r, comm_, stream_);
+      if (recv_bytes && first_send_recv_error == ncclSuccess)
+        first_send_recv_error = ncclRecv(dst + recv_off, recv_bytes, ncclUint8, r, comm_, stream_);
+      send_off += send_bytes, recv_off += recv_bytes;
+    }
+    // The group is closed even when an enqueue failed, so NCCL's group depth stays balanced.
+    ncclResult_t group_end = ncclGroupEnd();
+    MOP_NCCL_CHECK(first_send_recv_error);
+    MOP_NCCL_CHECK(group_end);
+  }
+
+  void broadcast(Tensor x, int root) override {
+    device(x);
+    MOP_CHECK(root >= 0 && root < size_, "broadcast root ", root, " of ", size_, " ranks");
+    if (x.bytes() == 0) return;
+    MOP_NCCL_CHECK(ncclBroadcast(x.data, x.data, x.bytes(), ncclUint8, root, comm_, stream_));
+  }
+
+  void barrier() override {
+    // Device work first: a barrier means "everything issued before it is done on every rank".
+    MOP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ncclResult_t async = ncclSuccess;
+    MOP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    MOP_NCCL_CHECK(async);
+    if (group_ != MPI_COMM_NULL) MOP_NCCL_MPI_CHECK(MPI_Barrier(group_));
+  }
+
+  void all_reduce_host(double* values, int n, Op op) override {
+    if (group_ == MPI_COMM_NULL) return;
+    MPI_Op mpi_op = op == Op::Sum ? MPI_SUM : op == Op::Max ? MPI_MAX : MPI_MIN;
+    MOP_NCCL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mpi_op, group_));
+  }
+
+ private:
+  static void device(const Tensor& t) {
+    MOP_CHECK(t.device == Device::CUDA, "NcclComm moves device buffers only");
+  }
+  MPI_Comm group_;
+  cudaStream_t stream_;
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_nccl_comm(MPI_Comm group, cudaStream_t stream) {
+  return std::make_unique<NcclComm>(group, stream);
+}
+
+}  // namespace mop

@@ -1,0 +1,30 @@
+// NcclComm: Comm over NCCL for device tensors of one group of ranks (CUDA builds only). Every
+// device collective is enqueued on the given stream and returns without waiting; barrier() and
+// the host reductions go through MPI on the same group.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+
+#include <memory>
+
+#include "parallel/comm.h"
+
+namespace mop {
+
+// Collective over `group` (every rank calls it): rank 0 creates the NCCL id, MPI_Bcast hands it to
+// the others, each rank joins on the *current* CUDA device (pick it first: one GPU per local rank).
+// `group` is not owned and must outlive the Comm; MPI_COMM_NULL means a group of one without MPI
+// (a plain process on one GPU). `stream` is the backend's compute stream (CudaOps::stream()), so
+// collectives are ordered with the kernels around them without host syncs.
+//
+// Semantics are those of comm.h with device buffers, plus:
+//   all_reduce_sum, reduce_scatter_sum  F32, BF16, F64, I32, I64 (BF16 is summed in bf16 by NCCL);
+//   all_gather, broadcast, all_to_all_v any dtype (moved as bytes); all_to_all_v needs distinct
+//                                       `in` and `out` buffers;
+//   barrier                             waits for this rank's stream, checks the communicator for
+//                                       asynchronous errors, then MPI_Barrier;
+//   all_reduce_host                     host doubles through MPI (no device work, no stream sync).
+std::unique_ptr<Comm> make_nccl_comm(MPI_Comm group, cudaStream_t stream);
+
+}  // namespace mop

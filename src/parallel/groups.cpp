@@ -1,0 +1,72 @@
+// Group communicators from MPI_Comm_split of the world (see groups.h).
+#include "parallel/groups.h"
+
+#include <mpi.h>
+
+#include "ops/ops.h"
+#include "parallel/mpi_comm.h"
+
+#ifdef MOP_HAVE_CUDA
+#include "ops/cuda_ops.h"
+#include "ops/timed_ops.h"
+#include "parallel/cuda_nccl_comm.h"
+#endif
+
+namespace mop {
+
+namespace {
+
+// Tensor collectives on the ops device: MPI for host tensors, NCCL for GPU tensors (ordered on
+// the backend's stream).
+std::unique_ptr<Comm> data_comm(MPI_Comm comm, Ops& ops) {
+  if (ops.device() == Device::CPU) return make_mpi_comm(comm);
+#ifdef MOP_HAVE_CUDA
+  Ops* backend = &ops;
+  if (auto* timed = dynamic_cast<TimedOps*>(backend)) backend = &timed->inner();
+  auto* cuda = dynamic_cast<CudaOps*>(backend);
+  MOP_CHECK(cuda, "GPU groups need the CUDA backend");
+  return make_nccl_comm(comm, cuda->stream());
+#else
+  MOP_UNREACHABLE("GPU ops in a CPU-only build");
+#endif
+}
+
+MPI_Comm split(int color, int key) {
+  MPI_Comm out;
+  MOP_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &out) == MPI_SUCCESS, "MPI_Comm_split");
+  return out;  // lives as long as the process (the comms refer to it)
+}
+
+}  // namespace
+
+std::unique_ptr<ParallelGroups> ParallelGroups::single() {
+  auto g = std::make_unique<ParallelGroups>();
+  g->cp_host = make_self_comm(), g->ep_host = make_self_comm(), g->edp_host = make_self_comm();
+  g->world_data = make_self_comm(), g->cp_data = make_self_comm();
+  g->ep_data = make_self_comm(), g->edp_data = make_self_comm();
+  return g;
+}
+
+std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& world, Ops& ops) {
+  validate_parallel(cfg, world.size);
+  if (world.size == 1) {
+    auto g = single();
+    g->world_host = world.comm.get();
+    return g;
+  }
+  MOP_CHECK(world.mpi, "several ranks without MPI");
+  auto g = std::make_unique<ParallelGroups>();
+  g->rank = world.rank, g->size = world.size;
+  g->world_host = world.comm.get();
+  g->cp_size = int(cfg.parallel.attention.cp), g->dp_size = int(cfg.parallel.attention.dp);
+  g->ep_size = int(cfg.parallel.moe.ep), g->edp_size = int(cfg.parallel.moe.dp);
+  g->cp = world.rank % g->cp_size, g->dp = world.rank / g->cp_size;
+  g->ep = world.rank % g->ep_size, g->edp = world.rank / g->ep_size;
+  MPI_Comm cp = split(g->dp, g->cp), ep = split(g->edp, g->ep), edp = split(g->ep, g->edp);
+  g->cp_host = make_mpi_comm(cp), g->ep_host = make_mpi_comm(ep), g->edp_host = make_mpi_comm(edp);
+  g->world_data = data_comm(MPI_COMM_WORLD, ops);
+  g->cp_data = data_comm(cp, ops), g->ep_data = data_comm(ep, ops), g->edp_data = data_comm(edp, ops);
+  return g;
+}
+
+}  // namespace mop

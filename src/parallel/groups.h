@@ -1,0 +1,34 @@
+// The two foldings of the same N ranks and a communicator per group.
+//   attention: rank = dp · cp_size + cp   (cp ranks hold shards of the same sequences)
+//   MoE:       rank = edp · ep_size + ep  (ep ranks hold shards of the experts)
+// Dense gradients are reduced over all ranks, expert gradients over the edp group (the ranks
+// holding the same experts). Host comms (MPI) carry small host-side exchanges (counts, norms);
+// data comms carry tensors on the backend's device (MPI on CPU ranks, NCCL on GPUs).
+#pragma once
+
+#include <memory>
+
+#include "config/config.h"
+#include "parallel/comm.h"
+#include "parallel/world.h"
+
+namespace mop {
+
+class Ops;
+
+struct ParallelGroups {
+  int rank = 0, size = 1;
+  int cp = 0, cp_size = 1, dp = 0, dp_size = 1;    // attention folding
+  int ep = 0, ep_size = 1, edp = 0, edp_size = 1;  // MoE folding
+  Comm* world_host = nullptr;                      // not owned (World's)
+  std::unique_ptr<Comm> cp_host, ep_host, edp_host;  // host-side group comms
+  std::unique_ptr<Comm> world_data, cp_data, ep_data, edp_data;  // tensors on the ops device
+
+  // Splits the world by the config's foldings (validated against the world size). One rank (or a
+  // world without MPI) gets self comms.
+  static std::unique_ptr<ParallelGroups> build(const Config& cfg, World& world, Ops& ops);
+  // A single-rank layout with self comms (tests, generation).
+  static std::unique_ptr<ParallelGroups> single();
+};
+
+}  // namespace mop

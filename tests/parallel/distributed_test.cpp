@@ -1,0 +1,194 @@
+// Multi-rank invariants on CPU ranks (mpirun -np 2 and -np 4):
+//   - expert dispatch/combine moves exactly the right rows (payloads encode source rank and row),
+//     with skewed counts, an expert without rows and a rank that receives nothing;
+//   - the Ulysses exchange puts every token's heads where whole-sequence attention expects them;
+//   - for every (cp, ep) that divides the rank count, an N-rank trainer's loss and every gradient
+//     equal the 1-rank trainer's on the same global batch, and so do the weights after 3 steps
+//     (up to floating-point reduction order).
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "catch.h"
+#include "data/prepare_data.h"
+#include "model/sequence_parallel.h"
+#include "parallel/expert_dispatch.h"
+#include "parallel/mpi_comm.h"
+#include "train/train_test_util.h"
+#include "train/trainer.h"
+
+using namespace mop;
+
+namespace {
+
+// fp32 sums in another order (per-rank partial sums, all-reduce): a few ulps of the largest term.
+constexpr double kGradRelTol = 2e-5;
+constexpr double kLossRelTol = 1e-6;
+// After 3 AdamW steps the same small differences move weights by far less than this.
+constexpr double kWeightRelTol = 1e-4;
+
+int world_rank() {
+  int r;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("expert dispatch: exact rows, skewed counts, empty expert, idle rank", "[mpi]") {
+  auto comm = make_mpi_comm(MPI_COMM_WORLD);
+  auto ops = make_cpu_ops();
+  const int R = comm->size(), me = comm->rank(), E = 3 * R, W = 3;
+  // Rank s has (s + e) % 4 rows for expert e, except: expert 1 gets none from anyone, and the last
+  // rank's experts get nothing at all.
+  auto count = [&](int s, int e) { return (e == 1 || e / 3 == R - 1) ? 0 : (s + e) % 4; };
+  std::vector<int32_t> counts(E);
+  int64_t rows_out = 0;
+  for (int e = 0; e < E; ++e) rows_out += counts[e] = count(me, e);
+  int64_t max_in = 0;
+  for (int s = 0; s < R; ++s)
+    for (int e = 0; e < E; ++e) max_in += count(s, e);
+  ExpertDispatcher disp(*comm, *comm, *ops, E, max_in);
+  disp.plan(counts.data());
+  // Payload of my row j of expert e: (me, e, j, column).
+  std::vector<float> in(size_t(std::max<int64_t>(rows_out, 1) * W));
+  int64_t r = 0;
+  for (int e = 0; e < E; ++e)
+    for (int j = 0; j < counts[e]; ++j, ++r)
+      for (int c = 0; c < W; ++c) in[r * W + c] = float(me * 1000000 + e * 1000 + j * 10 + c);
+  std::vector<float> out(size_t(std::max<int64_t>(max_in, 1) * W), -1), scratch(out.size());
+  Tensor tin(in.data(), DType::F32, {rows_out, W});
+  Tensor tout(out.data(), DType::F32, {disp.rows_in(), W});
+  Tensor tscr(scratch.data(), DType::F32, {std::max<int64_t>(max_in, 1), W});
+  disp.dispatch(tout, tin, tscr);
+  // Expected: my experts in order, each with its rows from source 0, 1, … in the source's order.
+  int wrong = 0;
+  int64_t q = 0;
+  const int32_t* offs = disp.local_offsets().ptr<int32_t>();
+  for (int el = 0; el < 3; ++el) {
+    int e = me * 3 + el;
+    CHECK(offs[el] == q);
+    for (int s = 0; s < R; ++s)
+      for (int j = 0; j < count(s, e); ++j, ++q)
+        for (int c = 0; c < W; ++c) wrong += out[q * W + c] != float(s * 1000000 + e * 1000 + j * 10 + c);
+  }
+  CHECK(q == disp.rows_in());
+  CHECK(wrong == 0);
+  if (me == R - 1) CHECK(disp.rows_in() == 0);
+  // combine is the inverse: every row comes back to where it started.
+  std::vector<float> back(in.size(), -1);
+  disp.combine(Tensor(back.data(), DType::F32, {rows_out, W}), tout, tscr);
+  CHECK(std::memcmp(back.data(), in.data(), size_t(rows_out * W) * sizeof(float)) == 0);
+}
+
+TEST_CASE("ulysses exchange: tokens and heads land in sequence order, and back", "[mpi]") {
+  auto comm = make_mpi_comm(MPI_COMM_WORLD);
+  auto ops = make_cpu_ops();
+  const int cp = comm->size(), me = comm->rank(), B = 2, S = 4 * cp, heads = 2 * cp, D = 3;
+  const int64_t tl = int64_t(B) * S / cp;
+  UlyssesExchange ex(*comm, *ops, B, S, heads / cp * D, DType::F32);
+  std::vector<int> pos = zigzag_positions(S, cp, me);
+  // Local [tl, heads, D]: value encodes (sequence, position, head, d).
+  std::vector<float> local(size_t(tl * heads * D)), full(local.size(), -1), back(local.size(), -1);
+  for (int b = 0; b < B; ++b)
+    for (int l = 0; l < S / cp; ++l)
+      for (int h = 0; h < heads; ++h)
+        for (int d = 0; d < D; ++d)
+          local[((b * (S / cp) + l) * heads + h) * D + d] = float(b * 100000 + pos[l] * 1000 + h * 10 + d);
+  Tensor tloc(local.data(), DType::F32, {tl, heads * D});
+  ex.to_full(Tensor(full.data(), DType::F32, {int64_t(B) * S, heads / cp * D}), tloc, heads);
+  int wrong = 0;
+  for (int b = 0; b < B; ++b)
+    for (int s = 0; s < S; ++s)
+      for (int h = 0; h < heads / cp; ++h)
+        for (int d = 0; d < D; ++d)
+          wrong += full[((b * S + s) * (heads / cp) + h) * D + d] !=
+                   float(b * 100000 + s * 1000 + (me * (heads / cp) + h) * 10 + d);
+  CHECK(wrong == 0);
+  ex.to_local(Tensor(back.data(), DType::F32, {tl, heads * D}),
+              Tensor(full.data(), DType::F32, {int64_t(B) * S, heads / cp * D}), heads);
+  CHECK(back == local);
+}
+
+TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
+  const int N = world_size(), me = world_rank();
+  spdlog::set_level(spdlog::level::warn);  // six trainers' logs would drown the test output
+  // One corpus at one path for all ranks (the configs must agree).
+  std::unique_ptr<test::TempDir> dir;
+  std::string root(512, '\0');
+  if (me == 0) {
+    dir = std::make_unique<test::TempDir>();
+    test::write_text(*dir / "corpus.txt", test::sample_corpus(40000));
+    PrepareDataOptions po;
+    po.inputs = {*dir / "corpus.txt"};
+    po.output = *dir / "corpus";
+    prepare_data(po);
+    root = dir->path.string();
+    root.resize(512, '\0');
+  }
+  MPI_Bcast(root.data(), 512, MPI_CHAR, 0, MPI_COMM_WORLD);
+  root = root.c_str();
+  auto yaml = [&](int cp, int ep, const std::string& ckpt) {
+    return "model: {vocab_size: 257, hidden_size: 32, num_layers: 2, num_heads: 8, num_kv_heads: 4, "
+           "head_dim: 8, init_std: 0.1}\n"
+           "moe: {num_experts: 8, top_k: 2, expert_ffn: 16, shared_expert_ffn: 8, aux_loss_coef: 0.05, "
+           "z_loss_coef: 0.01}\n"
+           "optim: {lr: 0.01, warmup_steps: 0, grad_clip: 0.3}\n"
+           "data: {paths: [" + root + "/corpus], seq_len: 32, eod_mask_loss: true}\n"
+           "train: {steps: 3, global_batch_size: 4, micro_batch_size: 1, eval_interval: 0}\n"
+           "parallel: {attention: {cp: " + std::to_string(cp) + ", dp: " + std::to_string(N / cp) +
+           "}, moe: {ep: " + std::to_string(ep) + ", dp: " + std::to_string(N / ep) + "}}\n"
+           "checkpoint: {dir: " + ckpt + ", save_final: false}\n";
+  };
+  for (int cp : {1, 2, 4})
+    for (int ep : {1, 2, 4}) {
+      if (N % cp || N % ep) continue;
+      INFO("N " << N << " cp " << cp << " ep " << ep);
+      World wn;
+      wn.rank = me, wn.size = N, wn.mpi = true;
+      wn.comm = make_mpi_comm(MPI_COMM_WORLD);
+      World w1;
+      w1.comm = make_self_comm();
+      Config cn = load_config_text(yaml(cp, ep, root + "/n"));
+      Config c1 = load_config_text(yaml(1, 1, root + "/one_" + std::to_string(me)));
+      c1.parallel = ParallelConfig{};
+      Trainer tn(cn, wn), t1(c1, w1);
+      auto ln = tn.compute_gradients(), l1 = t1.compute_gradients();
+      CHECK(std::fabs(ln.loss - l1.loss) <= kLossRelTol * l1.loss);
+      CHECK(std::fabs(ln.aux - l1.aux) <= kLossRelTol * l1.aux);
+      CHECK(std::fabs(ln.z - l1.z) <= kLossRelTol * l1.z);
+      // Every gradient this rank holds, against the same tensor of the 1-rank run.
+      auto compare = [&](bool weights) {
+        std::vector<HfView> v1 = t1.layout().hf_views();
+        int64_t bad = 0, checked = 0;
+        for (const HfView& v : tn.layout().hf_views()) {
+          auto it = std::find_if(v1.begin(), v1.end(), [&](const HfView& x) { return x.name == v.name; });
+          REQUIRE(it != v1.end());
+          const float* a = (weights ? tn.params().weight(v.param) : tn.params().grad(v.param)).ptr<float>() + v.offset;
+          const float* b = (weights ? t1.params().weight(it->param) : t1.params().grad(it->param)).ptr<float>() + it->offset;
+          int64_t n = 1;
+          for (int64_t d : v.shape) n *= d;
+          double scale = 0;
+          for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(double(b[i])));
+          for (int64_t i = 0; i < n; ++i)
+            bad += std::fabs(double(a[i]) - b[i]) > (weights ? kWeightRelTol : kGradRelTol) * scale + 1e-12;
+          checked += n;
+        }
+        CHECK(bad == 0);
+        CHECK(checked > 0);
+      };
+      compare(false);
+      tn.run();
+      t1.run();
+      compare(true);
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+}
