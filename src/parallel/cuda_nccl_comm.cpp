@@ -12,31 +12,47 @@
 namespace mop {
 namespace {
 
-#define MOP_NCCL_MPI_CHECK(call)                                            \
-  do {                                                                      \
-    int mpi_rc_ = (call);                                                   \
-    if (mpi_rc_ != MPI_SUCCESS) {                                           \
-      char msg_[MPI_MAX_ERROR_STRING];                                      \
-      int len_ = 0;                                                         \
-      MPI_Error_string(mpi_rc_, msg_, &len_);                               \
-      MOP_CHECK(false, #call, ": ", std::string(msg_, size_t(len_)));       \
-    }                                                                       \
+#define MOP_NCCL_MPI_CHECK(call)                                      \
+  do {                                                                \
+    int mpi_rc_ = (call);                                             \
+    if (mpi_rc_ != MPI_SUCCESS) {                                     \
+      char msg_[MPI_MAX_ERROR_STRING];                                \
+      int len_ = 0;                                                   \
+      MPI_Error_string(mpi_rc_, msg_, &len_);                         \
+      MOP_CHECK(false, #call, ": ", std::string(msg_, size_t(len_))); \
+    }                                                                 \
   } while (0)
 
 ncclDataType_t nccl_sum_type(DType t) {
   switch (t) {
-    case DType::F32: return ncclFloat32;
-    case DType::F64: return ncclFloat64;
-    case DType::BF16: return ncclBfloat16;
-    case DType::I32: return ncclInt32;
-    case DType::I64: return ncclInt64;
-    default: break;
+    case DType::F32:
+      return ncclFloat32;
+    case DType::F64:
+      return ncclFloat64;
+    case DType::BF16:
+      return ncclBfloat16;
+    case DType::I32:
+      return ncclInt32;
+    case DType::I64:
+      return ncclInt64;
+    default:
+      break;
   }
   MOP_CHECK(false, "NCCL sum of ", dtype_name(t), " (f32, bf16, f64, i32, i64 only)");
   return ncclFloat32;
 }
 
-int64_t num_rows(const Tensor& t) { return t.ndim ? t.shape[0] : 1; }
+int64_t num_rows(const Tensor& t) {
+  return t.ndim ? t.shape[0] : 1;
+}
+
+// Bytes per row from the shape, also for a tensor of zero rows (a rank that receives nothing),
+// where Tensor::row_numel() reads 0.
+size_t row_bytes_of(const Tensor& t) {
+  int64_t n = 1;
+  for (int d = 1; d < t.ndim; ++d) n *= t.shape[d];
+  return size_t(n) * dtype_size(t.dtype);
+}
 
 class NcclComm final : public Comm {
  public:
@@ -60,9 +76,10 @@ class NcclComm final : public Comm {
   }
 
   ~NcclComm() override {
-    // ncclCommDestroy waits for outstanding work and is collective among the ranks of a node;
-    // while an exception unwinds or after an asynchronous error the peers may never join, so the
-    // communicator is aborted instead (local, returns at once). Errors here cannot be reported.
+    // ncclCommDestroy finalizes first: it flushes the issued work and waits until the
+    // communicator is quiescent on every rank. While an exception unwinds or after an asynchronous
+    // error the peers may never get there, so the communicator is aborted instead (local, returns
+    // at once). Errors here cannot be reported.
     ncclResult_t async = ncclSuccess;
     if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess) async = ncclInternalError;
     if (std::uncaught_exceptions() > 0 || async != ncclSuccess)
@@ -81,8 +98,7 @@ class NcclComm final : public Comm {
     device(x);
     ncclDataType_t type = nccl_sum_type(x.dtype);
     if (x.numel() == 0) return;  // same size on every rank, so every rank skips
-    MOP_NCCL_CHECK(
-        ncclAllReduce(x.data, x.data, size_t(x.numel()), type, ncclSum, comm_, stream_));
+    MOP_NCCL_CHECK(ncclAllReduce(x.data, x.data, size_t(x.numel()), type, ncclSum, comm_, stream_));
   }
 
   void all_gather(Tensor out, const Tensor& in) override {
@@ -99,8 +115,8 @@ class NcclComm final : public Comm {
               "reduce_scatter sizes: out ", out.shape_str(), " × ", size_, ", in ", in.shape_str());
     ncclDataType_t type = nccl_sum_type(in.dtype);
     if (out.numel() == 0) return;
-    MOP_NCCL_CHECK(ncclReduceScatter(in.data, out.data, size_t(out.numel()), type, ncclSum, comm_,
-                                     stream_));
+    MOP_NCCL_CHECK(
+        ncclReduceScatter(in.data, out.data, size_t(out.numel()), type, ncclSum, comm_, stream_));
   }
 
   void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts, const Tensor& in,
@@ -108,9 +124,10 @@ class NcclComm final : public Comm {
     device(out), device(in);
     MOP_CHECK(int(recv_counts.size()) == size_ && int(send_counts.size()) == size_,
               "all_to_all_v needs one count per rank");
-    // Rows move as bytes: any dtype, width taken from the input rows.
-    const size_t row_bytes = size_t(in.row_numel()) * dtype_size(in.dtype);
-    MOP_CHECK(size_t(out.row_numel()) * dtype_size(out.dtype) == row_bytes, "row widths differ");
+    // Rows move as bytes: any dtype, the same width on both sides.
+    const size_t row_bytes = row_bytes_of(in);
+    MOP_CHECK(row_bytes_of(out) == row_bytes, "all_to_all_v row widths differ: in ", in.shape_str(),
+              " ", dtype_name(in.dtype), ", out ", out.shape_str(), " ", dtype_name(out.dtype));
     int64_t num_send = 0, num_recv = 0;
     for (int r = 0; r < size_; ++r) {
       MOP_CHECK(send_counts[r] >= 0 && recv_counts[r] >= 0, "negative count for rank ", r);
@@ -135,8 +152,7 @@ class NcclComm final : public Comm {
       size_t send_bytes = size_t(send_counts[r]) * row_bytes;
       size_t recv_bytes = size_t(recv_counts[r]) * row_bytes;
       if (send_bytes)
-        first_send_recv_error =
-            ncclSend(src + send_off, send_bytes, ncclUint8, r, comm_, stream_);
+        first_send_recv_error = ncclSend(src + send_off, send_bytes, ncclUint8, r, comm_, stream_);
       if (recv_bytes && first_send_recv_error == ncclSuccess)
         first_send_recv_error = ncclRecv(dst + recv_off, recv_bytes, ncclUint8, r, comm_, stream_);
       send_off += send_bytes, recv_off += recv_bytes;

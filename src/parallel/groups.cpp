@@ -57,15 +57,20 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& 
   MOP_CHECK(world.mpi, "several ranks without MPI");
   auto g = std::make_unique<ParallelGroups>();
   g->rank = world.rank, g->size = world.size;
-  g->world_host = world.comm.get();
+  g->watchdog = std::make_unique<CollectiveWatchdog>(cfg.parallel.collective_timeout);
+  auto watched = [&](std::unique_ptr<Comm> c) { return watch(std::move(c), *g->watchdog); };
+  g->world_host_owned = watched(make_mpi_comm(MPI_COMM_WORLD));
+  g->world_host = g->world_host_owned.get();
   g->cp_size = int(cfg.parallel.attention.cp), g->dp_size = int(cfg.parallel.attention.dp);
   g->ep_size = int(cfg.parallel.moe.ep), g->edp_size = int(cfg.parallel.moe.dp);
   g->cp = world.rank % g->cp_size, g->dp = world.rank / g->cp_size;
   g->ep = world.rank % g->ep_size, g->edp = world.rank / g->ep_size;
   MPI_Comm cp = split(g->dp, g->cp), ep = split(g->edp, g->ep), edp = split(g->ep, g->edp);
-  g->cp_host = make_mpi_comm(cp), g->ep_host = make_mpi_comm(ep), g->edp_host = make_mpi_comm(edp);
-  g->world_data = data_comm(MPI_COMM_WORLD, ops);
-  g->cp_data = data_comm(cp, ops), g->ep_data = data_comm(ep, ops), g->edp_data = data_comm(edp, ops);
+  g->cp_host = watched(make_mpi_comm(cp)), g->ep_host = watched(make_mpi_comm(ep));
+  g->edp_host = watched(make_mpi_comm(edp));
+  g->world_data = watched(data_comm(MPI_COMM_WORLD, ops));
+  g->cp_data = watched(data_comm(cp, ops)), g->ep_data = watched(data_comm(ep, ops));
+  g->edp_data = watched(data_comm(edp, ops));
   return g;
 }
 

@@ -10,6 +10,7 @@
 
 #include "config/config.h"
 #include "parallel/comm.h"
+#include "parallel/watchdog.h"
 #include "parallel/world.h"
 
 namespace mop {
@@ -20,9 +21,12 @@ struct ParallelGroups {
   int rank = 0, size = 1;
   int cp = 0, cp_size = 1, dp = 0, dp_size = 1;    // attention folding
   int ep = 0, ep_size = 1, edp = 0, edp_size = 1;  // MoE folding
-  Comm* world_host = nullptr;                      // not owned (World's)
-  std::unique_ptr<Comm> cp_host, ep_host, edp_host;  // host-side group comms
+  // Host-side comms: the world (a watched view of World's) and the groups.
+  Comm* world_host = nullptr;
+  std::unique_ptr<Comm> world_host_owned, cp_host, ep_host, edp_host;
   std::unique_ptr<Comm> world_data, cp_data, ep_data, edp_data;  // tensors on the ops device
+  // Several ranks: every collective above is watched (parallel.collective_timeout).
+  std::unique_ptr<CollectiveWatchdog> watchdog;
 
   // Splits the world by the config's foldings (validated against the world size). One rank (or a
   // world without MPI) gets self comms.

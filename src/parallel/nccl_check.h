@@ -22,10 +22,10 @@ inline std::string nccl_error_message(ncclResult_t result) {
 
 }  // namespace mop::detail
 
-#define MOP_NCCL_CHECK(call)                                                              \
-  do {                                                                                    \
-    ncclResult_t mop_nccl_rc_ = (call);                                                   \
-    if (mop_nccl_rc_ != ncclSuccess) [[unlikely]]                                         \
-      ::mop::detail::fail("NCCL error", #call, __FILE__, __LINE__,                        \
-                          ::mop::detail::nccl_error_message(mop_nccl_rc_));               \
+#define MOP_NCCL_CHECK(call)                                                \
+  do {                                                                      \
+    ncclResult_t mop_nccl_rc_ = (call);                                     \
+    if (mop_nccl_rc_ != ncclSuccess) [[unlikely]]                           \
+      ::mop::detail::fail("NCCL error", #call, __FILE__, __LINE__,          \
+                          ::mop::detail::nccl_error_message(mop_nccl_rc_)); \
   } while (0)

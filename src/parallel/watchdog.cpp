@@ -50,7 +50,8 @@ CollectiveWatchdog::~CollectiveWatchdog() {
 }
 
 void CollectiveWatchdog::begin(const char* what) {
-  if (depth_.fetch_add(1, std::memory_order_acq_rel) != 0) return;  // nested: the outer one is timed
+  if (depth_.fetch_add(1, std::memory_order_acq_rel) != 0)
+    return;  // nested: the outer one is timed
   what_.store(what, std::memory_order_relaxed);
   seq_.fetch_add(1, std::memory_order_relaxed);
   // Published last, with release: a watcher that sees this start also sees its name and number.

@@ -1,7 +1,7 @@
 // [gpu] NcclComm on device buffers, checked exactly: integer payloads that encode the source rank
 // and element (exact in every dtype, so sums compare with ==), outputs poisoned before each call
-// and guard elements after them. Runs with one rank (no mpirun: a group of one without MPI; the H200
-// machine has one GPU) and with N ranks under mpirun (MPI bootstrap), one GPU per local rank.
+// and guard elements after them. Runs with one rank (no mpirun: a group of one without MPI; the
+// H200 machine has one GPU) and with N ranks under mpirun (MPI bootstrap), one GPU per local rank.
 #ifdef MOP_HAVE_CUDA
 
 #include <cuda_runtime.h>
@@ -55,18 +55,33 @@ struct Stream {
   ~Stream() { cudaStreamDestroy(s); }
 };
 
+template <class T>
+double load(const void* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return double(v);
+}
+
 // Element i of a host byte buffer of `dtype`, as a double (every value used here is exact).
 double get(const std::vector<uint8_t>& h, DType dtype, int64_t i) {
   const void* p = h.data() + size_t(i) * dtype_size(dtype);
   switch (dtype) {
-    case DType::F32: { float v; std::memcpy(&v, p, 4); return v; }
-    case DType::F64: { double v; std::memcpy(&v, p, 8); return v; }
-    case DType::BF16: { bf16 v; std::memcpy(&v, p, 2); return bf16_to_float(v); }
-    case DType::I32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case DType::I64: { int64_t v; std::memcpy(&v, p, 8); return double(v); }
-    case DType::U8: return *static_cast<const uint8_t*>(p);
-    case DType::U16: { uint16_t v; std::memcpy(&v, p, 2); return v; }
-    case DType::U32: { uint32_t v; std::memcpy(&v, p, 4); return v; }
+    case DType::F32:
+      return load<float>(p);
+    case DType::F64:
+      return load<double>(p);
+    case DType::BF16:
+      return bf16_to_float(bf16{uint16_t(load<uint16_t>(p))});
+    case DType::I32:
+      return load<int32_t>(p);
+    case DType::I64:
+      return load<int64_t>(p);
+    case DType::U8:
+      return load<uint8_t>(p);
+    case DType::U16:
+      return load<uint16_t>(p);
+    case DType::U32:
+      return load<uint32_t>(p);
   }
   return 0;
 }
@@ -75,14 +90,30 @@ void put(std::vector<uint8_t>& h, DType dtype, int64_t i, double x) {
   void* p = h.data() + size_t(i) * dtype_size(dtype);
   auto store = [p](auto v) { std::memcpy(p, &v, sizeof v); };
   switch (dtype) {
-    case DType::F32: store(float(x)); break;
-    case DType::F64: store(x); break;
-    case DType::BF16: store(float_to_bf16(float(x))); break;
-    case DType::I32: store(int32_t(x)); break;
-    case DType::I64: store(int64_t(x)); break;
-    case DType::U8: store(uint8_t(x)); break;
-    case DType::U16: store(uint16_t(x)); break;
-    case DType::U32: store(uint32_t(x)); break;
+    case DType::F32:
+      store(float(x));
+      break;
+    case DType::F64:
+      store(x);
+      break;
+    case DType::BF16:
+      store(float_to_bf16(float(x)));
+      break;
+    case DType::I32:
+      store(int32_t(x));
+      break;
+    case DType::I64:
+      store(int64_t(x));
+      break;
+    case DType::U8:
+      store(uint8_t(x));
+      break;
+    case DType::U16:
+      store(uint16_t(x));
+      break;
+    case DType::U32:
+      store(uint32_t(x));
+      break;
   }
 }
 
@@ -134,7 +165,7 @@ TEST_CASE("nccl comm: collectives on device buffers move exactly what they shoul
   MOP_CUDA_CHECK(cudaGetDeviceCount(&num_devices));
   if (g.local_size > num_devices) {
     WARN("more ranks on this host than GPUs (" << g.local_size << " > " << num_devices
-                                                << "): skipped");
+                                               << "): skipped");
     return;
   }
   MOP_CUDA_CHECK(cudaSetDevice(g.local_rank));
@@ -240,8 +271,8 @@ TEST_CASE("nccl comm: collectives on device buffers move exactly what they shoul
       }) == 0);
       if (R > 1 && me == R - 1) CHECK(nr == 0);
     }
-    // Nothing to move at all, with empty buffers.
-    Guarded empty_in(DType::I32, 0, 4), empty_out(DType::I32, 0, 4);
+    // Nothing to move at all, into a buffer of zero rows.
+    Guarded empty_in(DType::I32, 2, 4), empty_out(DType::I32, 0, 4);
     comm->all_to_all_v(empty_out.t, std::vector<int64_t>(R, 0), empty_in.t,
                        std::vector<int64_t>(R, 0));
     CHECK(empty_out.wrong(stream.s, [](int64_t) { return 0.0; }) == 0);
@@ -251,9 +282,9 @@ TEST_CASE("nccl comm: collectives on device buffers move exactly what they shoul
                                        std::vector<int64_t>(R, 2)),
                     Error);
     Guarded both(DType::I32, R, 4);
-    CHECK_THROWS_AS(comm->all_to_all_v(both.t, std::vector<int64_t>(R, 1), both.t,
-                                       std::vector<int64_t>(R, 1)),
-                    Error);
+    CHECK_THROWS_AS(
+        comm->all_to_all_v(both.t, std::vector<int64_t>(R, 1), both.t, std::vector<int64_t>(R, 1)),
+        Error);
   }
 
   SECTION("broadcast from the last rank") {

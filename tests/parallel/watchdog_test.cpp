@@ -43,7 +43,8 @@ struct AbortRecorder {
 
 }  // namespace
 
-TEST_CASE("watchdog: a collective past its timeout fires the abort action once", "[cpu][parallel]") {
+TEST_CASE("watchdog: a collective past its timeout fires the abort action once",
+          "[cpu][parallel]") {
   AbortRecorder rec;
   CollectiveWatchdog dog(0.02, rec.action());
   {
