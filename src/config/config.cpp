@@ -53,6 +53,10 @@ std::string did_you_mean(const std::string& path, const std::vector<std::string>
 
 std::string shortest_double(double v) {
   char buf[40];
+  if (v == std::floor(v) && std::fabs(v) < 1e15) {  // 600.0, not 6e+02
+    std::snprintf(buf, sizeof buf, "%.1f", v);
+    return buf;
+  }
   for (int prec = 1; prec <= 17; ++prec) {
     std::snprintf(buf, sizeof buf, "%.*g", prec, v);
     if (std::strtod(buf, nullptr) == v) break;

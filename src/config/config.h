@@ -50,6 +50,8 @@ struct MoeFold {
 struct ParallelConfig {
   AttentionFold attention;
   MoeFold moe;
+  bool zero = true;  // shard the optimizer state over the ranks that replicate a parameter
+  double collective_timeout = 600;  // seconds; a collective not done by then aborts the job
 };
 
 struct OptimConfig {

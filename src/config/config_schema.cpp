@@ -88,6 +88,8 @@ std::vector<FieldSpec> config_schema(Config& c) {
   s.i("parallel.attention.dp", p.attention.dp, 1, 1 << 20, "Attention: data-parallel ranks; cp × dp = number of ranks.");
   s.i("parallel.moe.ep", p.moe.ep, 1, 1 << 20, "MoE: ranks the experts are sharded over; must divide num_experts.");
   s.i("parallel.moe.dp", p.moe.dp, 1, 1 << 20, "MoE: data-parallel ranks; ep × dp = number of ranks.");
+  s.f("parallel.collective_timeout", p.collective_timeout, 0, 1e7, "Seconds a collective may take before the job is aborted with a message naming it, the rank and the host (a peer failed or hung); 0: wait forever.");
+  s.b("parallel.zero", p.zero, "Shard the optimizer state (ZeRO-1): each replicated parameter's master weights and Adam moments live on one of the ranks that hold it, which updates it and broadcasts the new weights.");
 
   auto& o = c.optim;
   s.f("optim.lr", o.lr, 0, 10, "Peak learning rate.");

@@ -15,17 +15,19 @@ int param_stage(const ModelLayout& layout, int p) {
 }
 
 Optimizer::Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops,
-                     std::vector<bool> state_on_host, int host_threads)
-    : cfg_(cfg), params_(params), ops_(ops), on_host_(std::move(state_on_host)) {
+                     std::vector<bool> state_on_host, int host_threads, std::vector<bool> owned)
+    : cfg_(cfg), params_(params), ops_(ops), on_host_(std::move(state_on_host)), owned_(std::move(owned)) {
   const int n = params.num_params();
   MOP_CHECK(on_host_.empty() || int(on_host_.size()) == n, "placement of ", on_host_.size(),
             " parameters for ", n);
   // Compact layouts per placement, each parameter aligned like the ParamStore's.
   int64_t total[2] = {0, 0};
+  MOP_CHECK(owned_.empty() || int(owned_.size()) == n, "ownership of ", owned_.size(), " parameters");
   for (int p = 0; p < n; ++p) {
     int where = on_host(p) ? 1 : 0;
     offset_.push_back(total[where]);
-    total[where] += (params.layout().params[p].numel() + kParamAlign - 1) / kParamAlign * kParamAlign;
+    if (owns(p))
+      total[where] += (params.layout().params[p].numel() + kParamAlign - 1) / kParamAlign * kParamAlign;
   }
   const bool gpu = ops.device() == Device::CUDA;
   for (int i = 0; i < 3; ++i) {
@@ -38,7 +40,7 @@ Optimizer::Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops,
     std::vector<HostParam> hp;
     for (int s = 0; s <= int(params.layout().dims.layers) + 1; ++s)  // forward order
       for (int p = 0; p < n; ++p)
-        if (on_host(p) && param_stage(params.layout(), p) == s)
+        if (on_host(p) && owns(p) && param_stage(params.layout(), p) == s)
           hp.push_back({p, s, master(p), exp_avg(p), exp_avg_sq(p), params.grad(p), params.weight(p)});
 #ifdef MOP_HAVE_CUDA
     if (gpu) offload_ = make_cuda_host_offload(ops, std::move(hp), host_threads);
@@ -54,11 +56,12 @@ Optimizer::~Optimizer() {
 
 int Optimizer::num_host_params() const {
   int k = 0;
-  for (int p = 0; p < params_.num_params(); ++p) k += on_host(p);
+  for (int p = 0; p < params_.num_params(); ++p) k += on_host(p) && owns(p);
   return k;
 }
 
 Tensor Optimizer::state(int which, int p) const {
+  MOP_CHECK(owns(p), "parameter ", params_.layout().params[p].name, " is updated by another rank");
   const Buffer& b = on_host(p) ? host_[which] : native_[which];
   Tensor t(static_cast<float*>(b.data()) + offset_[p], DType::F32, {}, b.device());
   const auto& shape = params_.layout().params[p].shape;
@@ -69,26 +72,25 @@ Tensor Optimizer::state(int which, int p) const {
 
 void Optimizer::init_weights(uint64_t seed) {
   const ModelLayout& layout = params_.layout();
-  std::vector<float> host;  // staging when the state lives on the device
+  std::vector<float> host;
   for (int p = 0; p < params_.num_params(); ++p) {
-    Tensor dst = master(p);
-    if (dst.device == Device::CPU) {
-      init_param(layout, p, dst.ptr<float>(), seed);
+    host.resize(size_t(layout.params[p].numel()));
+    init_param(layout, p, host.data(), seed);
+    Tensor src = params_.weight(p);
+    src.data = host.data(), src.dtype = DType::F32, src.device = Device::CPU;
+    if (owns(p)) {
+      ops_.copy(master(p), src);
+      ops_.copy(params_.weight(p), master(p));
     } else {
-      host.resize(size_t(dst.numel()));
-      init_param(layout, p, host.data(), seed);
-      Tensor src = dst;
-      src.data = host.data();
-      src.device = Device::CPU;
-      ops_.copy(dst, src);
+      ops_.copy(params_.weight(p), src);
     }
   }
-  sync_weights();
 }
 
 void Optimizer::sync_weights() {
   drain();
-  for (int p = 0; p < params_.num_params(); ++p) ops_.copy(params_.weight(p), master(p));
+  for (int p = 0; p < params_.num_params(); ++p)
+    if (owns(p)) ops_.copy(params_.weight(p), master(p));
 }
 
 void Optimizer::grads_final(int stage) {
@@ -154,7 +156,7 @@ StepReport Optimizer::step(float lr) {
     return a;
   };
   for (int p = 0; p < n; ++p)
-    if (!on_host(p))
+    if (!on_host(p) && owns(p))
       ops_.adamw_step_cast(master(p), exp_avg(p), exp_avg_sq(p), params_.grad(p), with_decay(p),
                            params_.weight(p));
   if (offload_) {

@@ -32,14 +32,17 @@ int param_stage(const ModelLayout& layout, int p);
 class Optimizer {
  public:
   // state_on_host[p]: parameter p's state in host memory (empty: none). host_threads: worker threads of
-  // the host engine (0: every core this rank may use).
+  // the host engine (0: every core this rank may use). owned[p]: this rank keeps parameter p's
+  // state and updates it (ZeRO-1: replicated parameters are updated by one rank each, which then
+  // broadcasts the weights); empty: all.
   Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops,
-            std::vector<bool> state_on_host = {}, int host_threads = 0);
+            std::vector<bool> state_on_host = {}, int host_threads = 0, std::vector<bool> owned = {});
   ~Optimizer();
 
-  // Fresh start: master ← initial values (seeded), then weights ← master.
+  // Fresh start: master ← initial values (seeded), then weights ← master (every parameter's
+  // weights, owned or not: initialisation is a pure function of the seed).
   void init_weights(uint64_t seed);
-  // After loading master/m/v from a checkpoint: weights ← master.
+  // After loading master/m/v from a checkpoint: weights ← master (owned parameters).
   void sync_weights();
 
   // Checks the gradients, clips, updates. Nothing changes when a gradient is non-finite. The
@@ -60,6 +63,7 @@ class Optimizer {
   HostOffload* offload() { return offload_.get(); }
 
   bool on_host(int p) const { return !on_host_.empty() && on_host_[p]; }
+  bool owns(int p) const { return owned_.empty() || owned_[p]; }
   int num_host_params() const;
   Tensor master(int p) const { return state(0, p); }
   Tensor exp_avg(int p) const { return state(1, p); }
@@ -76,6 +80,7 @@ class Optimizer {
   ParamStore& params_;
   Ops& ops_;
   std::vector<bool> on_host_;
+  std::vector<bool> owned_;
   std::vector<int64_t> offset_;  // per parameter, in its placement's buffers
   Buffer native_[3], host_[3];   // master, m, v
   Buffer norms_;                 // acc scalars: one Σg² per parameter

@@ -63,6 +63,10 @@ std::string shape_key_differences(const Config& saved, const Config& now) {
 std::vector<Tensor> host_state(const Optimizer& optim, int n, int which, std::vector<Buffer>& keep) {
   std::vector<Tensor> out;
   for (int p = 0; p < n; ++p) {
+    if (!optim.owns(p)) {  // updated (and saved) by another rank
+      out.emplace_back();
+      continue;
+    }
     Tensor t = which == 0 ? optim.master(p) : which == 1 ? optim.exp_avg(p) : optim.exp_avg_sq(p);
     if (t.device != Device::CPU) {
       keep.emplace_back(MemKind::Host, t.bytes());
@@ -78,8 +82,8 @@ std::vector<Tensor> host_state(const Optimizer& optim, int n, int which, std::ve
 }
 
 // The tensor files of a checkpoint with this prefix ("model" or "optimizer"): one file, or one per
-// expert-parallel shard ("model-ep1-of-4.safetensors"); tensors are found by name in any of them,
-// so a checkpoint loads under any rank layout.
+// writing rank ("model-rank1-of-4.safetensors"); tensors are found by name in any of them, so a
+// checkpoint loads under any rank layout.
 std::vector<SafetensorsFile> open_shards(const std::string& dir, const std::string& prefix) {
   std::vector<SafetensorsFile> files;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
@@ -92,8 +96,9 @@ std::vector<SafetensorsFile> open_shards(const std::string& dir, const std::stri
 
 void load_tensors(const std::vector<SafetensorsFile>& files, const ModelLayout& layout,
                   const std::string& suffix, const std::function<Tensor(int)>& param_slot,
-                  const std::string& differences) {
+                  const std::string& differences, const std::function<bool(int)>& wanted) {
   for (const HfView& v : layout.hf_views()) {
+    if (!wanted(v.param)) continue;
     std::string name = v.name + suffix;
     const SafetensorsTensor* t = nullptr;
     const SafetensorsFile* file = &files.front();
@@ -117,22 +122,22 @@ void load_tensors(const std::vector<SafetensorsFile>& files, const ModelLayout& 
 
 std::string save_checkpoint(const Config& cfg, const ParamStore& params, const Optimizer& optim,
                             const TrainerState& state, World& world, const ParallelGroups* groups) {
-  // Rank 0 creates step_N.tmp; one rank per expert shard (edp == 0) writes its tensors — rank 0
-  // also the dense ones — then rank 0 hashes every file, writes the manifest and renames.
-  const int ep = groups ? groups->ep : 0, ep_size = groups ? groups->ep_size : 1;
-  const bool writer = !groups || groups->edp == 0;
+  // Rank 0 creates step_N.tmp; every rank writes the tensors whose optimizer state it owns (with
+  // ZeRO-1 each replicated tensor has one owner; expert shards too), then rank 0 hashes every file,
+  // writes the manifest and renames.
   std::optional<CheckpointWriter> w;
   if (world.is_root()) w.emplace(CheckpointWriter::begin(cfg.checkpoint.dir, state.step));
   world.comm->barrier();
+  const ModelLayout& layout = params.layout();
+  auto mine = [&](const HfView& v) { return optim.owns(v.param); };
+  bool writer = false;
+  for (const HfView& v : layout.hf_views()) writer = writer || mine(v);
   if (writer) {
-    const ModelLayout& layout = params.layout();
     const std::filesystem::path dir = checkpoint_tmp_dir(cfg.checkpoint.dir, state.step);
-    const std::string shard = ep_size > 1 ? "-ep" + std::to_string(ep) + "-of-" + std::to_string(ep_size) : "";
+    const std::string shard = world.size > 1 ? "-rank" + std::to_string(world.rank) + "-of-" +
+                                                   std::to_string(world.size) : "";
     const std::string model_file = "model" + shard + ".safetensors";
     const std::string optim_file = "optimizer" + shard + ".safetensors";
-    auto mine = [&](const HfView& v) {
-      return world.is_root() || layout.params[v.param].kind == ParamKind::Experts;
-    };
     SafetensorsMetadata meta{{"format", "pt"}, {"producer", "mop " MOP_VERSION}};
     const int n = params.num_params();
     {
@@ -203,6 +208,10 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
     std::vector<Buffer> keep;
     std::vector<Tensor> dst, host;
     for (int p = 0; p < params.num_params(); ++p) {
+      if (!optim.owns(p)) {
+        dst.emplace_back(), host.emplace_back();
+        continue;
+      }
       Tensor t = which == 0 ? optim.master(p) : which == 1 ? optim.exp_avg(p) : optim.exp_avg_sq(p);
       Tensor h = t;
       if (t.device != Device::CPU) {
@@ -213,9 +222,10 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
       dst.push_back(t);
       host.push_back(h);
     }
-    load_tensors(file, layout, suffix, [&](int p) { return host[p]; }, differences);
+    load_tensors(file, layout, suffix, [&](int p) { return host[p]; }, differences,
+                 [&](int p) { return optim.owns(p); });
     for (size_t p = 0; p < dst.size(); ++p)
-      if (dst[p].device != Device::CPU) optim.ops().copy(dst[p], host[p]);
+      if (dst[p].data && dst[p].device != Device::CPU) optim.ops().copy(dst[p], host[p]);
   };
   load_state(open_shards(dir, "model"), "", 0);
   TrainerState st;

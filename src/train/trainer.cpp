@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <optional>
 
 #include "core/error.h"
 #ifdef MOP_HAVE_CUDA
@@ -184,12 +185,14 @@ void Trainer::build() {
 
   // 5. Optimizer state, placed per parameter group (GPU or host) in the memory left.
   std::vector<bool> on_host = choose_state_placement();
-  optim_ = std::make_unique<Optimizer>(cfg_.optim, *params_, *ops_, on_host, int(cfg_.optim.host_threads));
+  std::vector<bool> owned = assign_owners();
+  optim_ = std::make_unique<Optimizer>(cfg_.optim, *params_, *ops_, on_host, int(cfg_.optim.host_threads),
+                                       owned);
   if (world_.size > 1) {
     std::vector<bool> sharded;
     for (const ParamDef& p : layout_.params) sharded.push_back(p.kind == ParamKind::Experts);
     optim_->set_distributed(std::move(sharded), groups_->ep_size > 1 ? groups_->ep_host.get() : nullptr,
-                            world_.comm.get());
+                            groups_->world_host);
   }
   model_->set_hooks({[this](int stage) { optim_->weights_ready(stage); },
                      [this](int stage) {
@@ -230,6 +233,39 @@ void Trainer::build() {
   metrics_ = std::make_unique<MetricsLog>(metrics_path, cfg_.train.steps, cfg_.log.interval,
                                           world_.is_root(), step_, peak);
   timed_->collect();  // setup work is not part of step 1
+}
+
+std::vector<bool> Trainer::assign_owners() {
+  const int n = int(layout_.params.size());
+  owner_.assign(size_t(n), 0);
+  if (!cfg_.parallel.zero || world_.size == 1) return {};
+  // Largest first onto the least-loaded rank of the group that replicates the parameter (dense:
+  // all ranks; experts: the edp group): the same order and result on every rank.
+  std::vector<int> order(n);
+  for (int p = 0; p < n; ++p) order[p] = p;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return layout_.params[a].numel() > layout_.params[b].numel();
+  });
+  std::vector<int64_t> dense_load(size_t(world_.size), 0), expert_load(size_t(groups_->edp_size), 0);
+  std::vector<bool> owned(static_cast<size_t>(n), false);
+  for (int p : order) {
+    bool expert = layout_.params[p].kind == ParamKind::Experts;
+    auto& load = expert ? expert_load : dense_load;
+    int best = int(std::min_element(load.begin(), load.end()) - load.begin());
+    load[size_t(best)] += layout_.params[p].numel();
+    owner_[size_t(p)] = best;
+    owned[size_t(p)] = best == (expert ? groups_->edp : world_.rank);
+  }
+  return owned;
+}
+
+void Trainer::broadcast_weights() {
+  if (!cfg_.parallel.zero || world_.size == 1) return;
+  optim_->drain();  // owned host-placed weights are final
+  for (int p = 0; p < params_->num_params(); ++p) {
+    bool expert = layout_.params[p].kind == ParamKind::Experts;
+    (expert ? groups_->edp_data : groups_->world_data)->broadcast(params_->weight(p), owner_[size_t(p)]);
+  }
 }
 
 int64_t Trainer::host_param_elements(const std::vector<bool>& on_host) const {
@@ -302,6 +338,7 @@ void Trainer::resume_or_init() {
     return;
   }
   TrainerState st = load_checkpoint(*dir, cfg_, *params_, *optim_, /*optim_state=*/true);
+  broadcast_weights();  // each rank loaded the state it owns
   MOP_USER_CHECK(st.step < cfg_.train.steps, "checkpoint ", *dir, " is at step ", st.step,
                  ", which is not before train.steps (", cfg_.train.steps, "); nothing to do. "
                  "Raise train.steps to continue training");
@@ -346,7 +383,7 @@ void Trainer::fill_step_batches() {
     size_t off = size_t(m) * size_t(T);
     valid += fill_local(first, false, ids_.data() + off, targets_.data() + off, positions_.data() + off);
   }
-  step_valid_tokens_ = int64_t(world_.comm->all_reduce_host(double(valid), Comm::Op::Sum));
+  step_valid_tokens_ = int64_t(groups_->world_host->all_reduce_host(double(valid), Comm::Op::Sum));
 }
 
 void Trainer::reduce_gradients() {
@@ -394,9 +431,16 @@ Trainer::StepLosses Trainer::compute_gradients() {
     model_->forward_backward(micro_batch(m), ce_scale, aux_scale);
   }
   last_micro_batch_ = false;
-  LossTerms lt = model_->take_losses();
+  LossTerms lt;
+  {
+    // Reading the losses waits for the step's device work, NCCL collectives included: a peer
+    // that hangs shows up here, so the watchdog times it.
+    std::optional<ScopedCollective> watch;
+    if (groups_->watchdog) watch.emplace(*groups_->watchdog, "the step's device work");
+    lt = model_->take_losses();
+  }
   double sums[3] = {lt.ce_sum, lt.aux, lt.z};
-  world_.comm->all_reduce_host(sums, 3, Comm::Op::Sum);
+  groups_->world_host->all_reduce_host(sums, 3, Comm::Op::Sum);
   reduce_gradients();
   return {step_valid_tokens_ > 0 ? sums[0] / double(step_valid_tokens_) : 0.0, sums[1], sums[2]};
 }
@@ -432,6 +476,7 @@ void Trainer::train_step(StepMetrics& sm) {
     timed_->force_category(OpCategory::Optimizer);
     timed_->set_phase(StepPhase::Optimizer);
     rep = optim_->step(float(lr));
+    if (rep.applied) broadcast_weights();
     timed_->clear_forced_category();
     sm.grad_norm = rep.grad_norm;
     if (!rep.applied) bad = "non-finite gradient in " + rep.nonfinite_param;
@@ -472,7 +517,7 @@ double Trainer::evaluate() {
     ce += model_->take_losses().ce_sum;
   }
   double sums[2] = {ce, valid};
-  world_.comm->all_reduce_host(sums, 2, Comm::Op::Sum);
+  groups_->world_host->all_reduce_host(sums, 2, Comm::Op::Sum);
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
@@ -491,7 +536,7 @@ void Trainer::save_checkpoint() {
 
 bool Trainer::stop_requested() {
   double sig = double(g_stop_signal.load());
-  return world_.comm->all_reduce_host(sig, Comm::Op::Max) != 0;
+  return groups_->world_host->all_reduce_host(sig, Comm::Op::Max) != 0;
 }
 
 void Trainer::run() {

@@ -62,6 +62,9 @@ class Trainer {
   // tokens of every sequence. Returns the unmasked targets among them.
   int64_t fill_local(int64_t first, bool valid_split, int32_t* ids, int32_t* targets, int32_t* positions);
   void reduce_gradients();
+  // ZeRO-1: which rank updates each parameter (rank in its replica group); this rank's share.
+  std::vector<bool> assign_owners();
+  void broadcast_weights();  // from each parameter's owner to the rest of its group
   Batch micro_batch(int m);
   void train_step(StepMetrics& sm);
   double evaluate();
@@ -92,6 +95,7 @@ class Trainer {
   std::vector<int32_t> ids_, targets_, positions_;  // this rank's micro-batches of the step
   std::unique_ptr<ParallelGroups> groups_;
   int local_seq_ = 0;                    // tokens of each sequence on this rank (S / cp)
+  std::vector<int> owner_;               // ZeRO-1 owner of each parameter within its group
   std::vector<int> local_positions_;     // cp > 1: which positions of a sequence this rank holds
   std::vector<int32_t> full_ids_, full_targets_, full_positions_;  // cp > 1: staging
   int64_t step_valid_tokens_ = 0;                   // unmasked targets of the step, all ranks
