@@ -11,6 +11,8 @@
 #include "core/error.h"
 #include "parallel/world.h"
 #include "train/commands.h"
+#include "train/hf_interop.h"
+#include "train/score.h"
 
 namespace {
 
@@ -22,6 +24,9 @@ Examples:
   mop validate --config configs/tiny.yaml --scan-data
   mop prepare-data --input corpus.txt --output data/corpus --split blank-line
   mop generate --checkpoint checkpoints/tiny --prompt "In the beginning"
+  mop import-hf path/to/Qwen3-30B-A3B --out checkpoints/q3-30b
+  mop export-hf checkpoints/run --out hf/run --dtype bf16
+  mop score --checkpoint checkpoints/run --tokens tokens.txt --out logits.bin
 )";
 
 }  // namespace
@@ -62,6 +67,32 @@ int main(int argc, char** argv) {
   g->add_option("--top-k", gen.top_k, "Sample among the k most likely tokens; 0: all")->check(CLI::Range(0, 1 << 30));
   g->add_option("--seed", gen.seed, "Sampling seed");
 
+  mop::ImportHfArgs imp;
+  auto* ih = app.add_subcommand("import-hf", "Import a Hugging Face Qwen3-MoE or Mixtral model directory as a checkpoint (step 0)");
+  ih->add_option("dir", imp.dir, "Model directory: config.json and *.safetensors (sharded with model.safetensors.index.json or not)")->required();
+  ih->add_option("-o,--out", imp.out, "Checkpoint directory to create (gets step_0/ and model.yaml)")->required();
+
+  mop::ExportHfArgs exp;
+  auto* eh = app.add_subcommand("export-hf", "Export a checkpoint as a Hugging Face model directory (config.json, safetensors shards)");
+  eh->add_option("checkpoint", exp.checkpoint, "A step_N checkpoint or a checkpoint directory (its latest)")->required();
+  eh->add_option("-o,--out", exp.out, "Directory to write the model into")->required();
+  eh->add_option("--dtype", exp.dtype, "Tensor dtype: bf16 (default) or fp32 (the master weights)")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  eh->add_option("--arch", exp.arch, "auto (qwen3_moe with q/k norm, else mixtral), qwen3_moe or mixtral")
+      ->check(CLI::IsMember({"auto", "qwen3_moe", "mixtral"}));
+  eh->add_option("--layout", exp.layout, "Experts: per-expert (default; what save_pretrained writes) or fused (transformers 5 in-memory)")
+      ->check(CLI::IsMember({"per-expert", "fused"}));
+  eh->add_option("--max-shard-size", exp.max_shard_size, "Largest safetensors file, e.g. 5GB (default), 500MB, 2GiB");
+
+  mop::ScoreArgs score;
+  auto* sc = app.add_subcommand("score", "Mean next-token cross-entropy (and logits) of token sequences under a checkpoint");
+  sc->add_option("--checkpoint", score.checkpoint, "A step_N checkpoint or a checkpoint directory (its latest)")->required();
+  sc->add_option("--tokens", score.tokens, "Token ids: text (one sequence per line) or binary int32")->required();
+  sc->add_option("--seq-len", score.seq_len, "Binary token files: tokens per sequence (default: the whole file)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 31));
+  sc->add_option("--device", score.device, "cpu (fp32, default) or cuda (bf16)")->check(CLI::IsMember({"cpu", "cuda"}));
+  sc->add_option("--out", score.out, "Write every position's logits here (float32, [tokens, vocab])");
+
   auto* ref = app.add_subcommand("config-reference", "Print the configuration reference (Markdown)");
 
   try {
@@ -89,6 +120,12 @@ int main(int argc, char** argv) {
       rc = mop::cmd_prepare_data(prep);
     } else if (*g) {
       rc = mop::cmd_generate(gen);
+    } else if (*ih) {
+      rc = mop::cmd_import_hf(imp);
+    } else if (*eh) {
+      rc = mop::cmd_export_hf(exp);
+    } else if (*sc) {
+      rc = mop::cmd_score(score);
     } else if (*ref) {
       std::fputs(mop::config_reference_markdown().c_str(), stdout);
     }

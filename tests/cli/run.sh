@@ -97,6 +97,26 @@ python3 -c "import json,sys; d=json.load(open('ckpt_trace/trace_step_2.json')); 
 expect 0 "line" -- generate --checkpoint ckpt --prompt "line 1" --tokens 20 --temperature 0
 expect 2 "no checkpoint found" -- generate --checkpoint nowhere --prompt x
 
+# Hugging Face interop and scoring: bad input exits 2 with the problem named; a small round trip.
+expect 2 "import-hf: hf-missing: not a directory" -- import-hf hf-missing --out ckpt_hf
+mkdir -p hf_bad
+expect 2 "no config.json" -- import-hf hf_bad --out ckpt_hf
+echo '{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}' > hf_bad/config.json
+expect 2 'model_type = "llama": mop imports' -- import-hf hf_bad --out ckpt_hf
+expect 2 "no checkpoint found" -- export-hf nowhere --out hf_out
+expect 2 "--dtype" -- export-hf ckpt --out hf_out --dtype fp16
+expect 2 "MixtralForCausalLM has no q/k norm" -- export-hf ckpt --out hf_out --arch mixtral
+expect 2 "'5XB' is not a size" -- export-hf ckpt --out hf_out --max-shard-size 5XB
+printf '1 2 999\n' > tokens_bad.txt
+expect 2 "token 999 at position 2 of sequence 1 is outside the vocabulary" -- score --checkpoint ckpt --tokens tokens_bad.txt
+expect 2 "tokens-missing.txt: not found" -- score --checkpoint ckpt --tokens tokens-missing.txt
+printf '108 105 110 101 32 49\n76 73 78 69\n' > tokens.txt
+expect 0 "mean cross-entropy" -- score --checkpoint ckpt --tokens tokens.txt --out logits.bin
+expect 0 "exported" -- export-hf ckpt --out hf_out --max-shard-size 20KB
+expect 0 "imported Qwen3MoeForCausalLM" -- import-hf hf_out --out ckpt_hf
+expect 2 "already holds checkpoints" -- import-hf hf_out --out ckpt_hf
+expect 2 "already holds a model" -- export-hf ckpt --out hf_out
+
 # The README's configuration table is the generated reference, line for line.
 "$mop" config-reference > reference.md
 missing=$(grep -vxF -f "$src/README.md" reference.md | head -n 3)
