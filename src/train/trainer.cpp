@@ -229,7 +229,8 @@ void Trainer::build() {
   const ModelDims& d = layout_.dims;
   flops_per_token_ = 6.0 * double(layout_.num_active_params()) +
                      6.0 * double(cfg_.data.seq_len) * double(d.heads * d.head_dim) * double(d.layers);
-  double peak = placement_.device == Device::CUDA ? kGpuPeakBf16Flops : 0.0;
+  // The step's model FLOPs are those of all ranks: MFU is against the peak of all their GPUs.
+  double peak = placement_.device == Device::CUDA ? kGpuPeakBf16Flops * world_.size : 0.0;
   metrics_ = std::make_unique<MetricsLog>(metrics_path, cfg_.train.steps, cfg_.log.interval,
                                           world_.is_root(), step_, peak);
   timed_->collect();  // setup work is not part of step 1
@@ -342,10 +343,11 @@ void Trainer::resume_or_init() {
   MOP_USER_CHECK(st.step < cfg_.train.steps, "checkpoint ", *dir, " is at step ", st.step,
                  ", which is not before train.steps (", cfg_.train.steps, "); nothing to do. "
                  "Raise train.steps to continue training");
-  if (st.data_fingerprint != loader_->fingerprint())
+  // An imported checkpoint (no samples consumed yet) has no data order to continue.
+  if (st.consumed_samples > 0 && st.data_fingerprint != loader_->fingerprint())
     spdlog::warn("resuming from {}: the data, seq_len, seed or split differ from the checkpoint's; "
                  "the data order will not continue where it stopped", *dir);
-  if (st.seed != uint64_t(cfg_.train.seed))
+  if (st.consumed_samples > 0 && st.seed != uint64_t(cfg_.train.seed))
     spdlog::warn("resuming from {}: train.seed differs from the checkpoint's ({})", *dir, st.seed);
   step_ = st.step;
   consumed_samples_ = st.consumed_samples;

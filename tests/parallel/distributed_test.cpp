@@ -185,8 +185,10 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
       INFO("N " << N << " cp " << cp << " ep " << ep);
       World wn;
       wn.rank = me, wn.size = N, wn.mpi = true;
+      wn.local_rank = me;  // one host: rank r drives GPU r (GPU runs), as World::init would
       wn.comm = make_mpi_comm(MPI_COMM_WORLD);
       World w1;
+      w1.local_rank = me;
       w1.comm = make_self_comm();
       Config cn = load_config_text(yaml(cp, ep, root + "/n"));
       Config c1 = load_config_text(yaml(1, 1, root + "/one_" + std::to_string(me)));
@@ -229,12 +231,13 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
   // and checkpoint; one rank resumes from that checkpoint for step 3 and matches 3 straight steps.
   {
     World wn;
-    wn.rank = me, wn.size = N, wn.mpi = true;
+    wn.rank = me, wn.size = N, wn.mpi = true, wn.local_rank = me;
     wn.comm = make_mpi_comm(MPI_COMM_WORLD);
     Config cn = load_config_text(yaml(1, N, root + "/sharded"), {"train.exit_interval=2"});
     Trainer(cn, wn).run();
     MPI_Barrier(MPI_COMM_WORLD);
     World w1;
+    w1.local_rank = me;
     w1.comm = make_self_comm();
     std::string mine = root + "/resumed_" + std::to_string(me);
     Config cr = load_config_text(yaml(1, 1, mine), {"checkpoint.resume=" + root + "/sharded/step_2"});
