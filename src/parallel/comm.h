@@ -1,6 +1,6 @@
 // Comm: the collectives the trainer needs, over one group of ranks. Implementations: SelfComm
 // (one rank, no MPI), MpiComm (host buffers over MPI; lets CI run multi-rank tests on CPU ranks),
-// and later NcclComm (device buffers). Every call is collective over the group and blocking.
+// and later NcclComm (device buffers). Every call is collective over the group (send_recv: over the ranks it pairs) and blocking.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +30,9 @@ class Comm {
   // width on every rank.
   virtual void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts, const Tensor& in,
                             const std::vector<int64_t>& send_counts) = 0;
+  // Point-to-point shift (a ring step): sends `in` to rank `dst` and receives `out` (the same
+  // number of bytes) from rank `src`, both at once, so every rank of a ring can call it together.
+  virtual void send_recv(Tensor out, int src, const Tensor& in, int dst) = 0;
   virtual void broadcast(Tensor x, int root) = 0;
   virtual void barrier() = 0;
 

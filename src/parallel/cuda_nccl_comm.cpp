@@ -163,6 +163,22 @@ class NcclComm final : public Comm {
     MOP_NCCL_CHECK(group_end);
   }
 
+  void send_recv(Tensor out, int src, const Tensor& in, int dst) override {
+    device(out), device(in);
+    MOP_CHECK(out.bytes() == in.bytes(), "send_recv sizes: out ", out.shape_str(), ", in ", in.shape_str());
+    MOP_CHECK(src >= 0 && src < size_ && dst >= 0 && dst < size_, "send_recv peers ", src, ", ", dst,
+              " of ", size_, " ranks");
+    MOP_CHECK(in.bytes() == 0 || in.data != out.data, "send_recv cannot run in place");
+    if (in.bytes() == 0) return;
+    ncclResult_t first = ncclSuccess;
+    MOP_NCCL_CHECK(ncclGroupStart());
+    first = ncclSend(in.data, in.bytes(), ncclUint8, dst, comm_, stream_);
+    if (first == ncclSuccess) first = ncclRecv(out.data, out.bytes(), ncclUint8, src, comm_, stream_);
+    ncclResult_t group_end = ncclGroupEnd();
+    MOP_NCCL_CHECK(first);
+    MOP_NCCL_CHECK(group_end);
+  }
+
   void broadcast(Tensor x, int root) override {
     device(x);
     MOP_CHECK(root >= 0 && root < size_, "broadcast root ", root, " of ", size_, " ranks");

@@ -34,6 +34,7 @@ MPI_Datatype mpi_type(DType t) {
 }
 
 constexpr int64_t kMaxChunk = INT_MAX / 2;  // elements per MPI call
+constexpr int kShiftTag = 77;
 
 class MpiComm final : public Comm {
  public:
@@ -96,6 +97,21 @@ class MpiComm final : public Comm {
               "all_to_all_v counts exceed the buffers");
     MOP_MPI_CHECK(MPI_Alltoallv(in.data, sc.data(), sd.data(), MPI_BYTE, out.data, rc.data(),
                                 rd.data(), MPI_BYTE, comm_));
+  }
+
+  void send_recv(Tensor out, int src, const Tensor& in, int dst) override {
+    host(out), host(in);
+    MOP_CHECK(out.bytes() == in.bytes(), "send_recv sizes: out ", out.shape_str(), ", in ", in.shape_str());
+    MOP_CHECK(src >= 0 && src < size_ && dst >= 0 && dst < size_, "send_recv peers ", src, ", ", dst,
+              " of ", size_, " ranks");
+    MOP_CHECK(in.bytes() == 0 || in.data != out.data, "send_recv cannot run in place");
+    const char* s = static_cast<const char*>(in.data);
+    char* r = static_cast<char*>(out.data);
+    for (size_t done = 0; done < in.bytes(); done += size_t(kMaxChunk)) {
+      int n = int(std::min<size_t>(size_t(kMaxChunk), in.bytes() - done));
+      MOP_MPI_CHECK(MPI_Sendrecv(s + done, n, MPI_BYTE, dst, kShiftTag, r + done, n, MPI_BYTE, src,
+                                 kShiftTag, comm_, MPI_STATUS_IGNORE));
+    }
   }
 
   void broadcast(Tensor x, int root) override {

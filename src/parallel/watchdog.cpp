@@ -124,6 +124,7 @@ class WatchedComm final : public Comm {
     all_gather_ = dog_.intern(prefix + "all_gather");
     reduce_scatter_ = dog_.intern(prefix + "reduce_scatter_sum");
     all_to_all_ = dog_.intern(prefix + "all_to_all_v");
+    send_recv_ = dog_.intern(prefix + "send_recv");
     broadcast_ = dog_.intern(prefix + "broadcast");
     barrier_ = dog_.intern(prefix + "barrier");
     host_reduce_ = dog_.intern(prefix + "all_reduce_host");
@@ -150,6 +151,10 @@ class WatchedComm final : public Comm {
     ScopedCollective watched(dog_, all_to_all_);
     inner_->all_to_all_v(out, recv_counts, in, send_counts);
   }
+  void send_recv(Tensor out, int src, const Tensor& in, int dst) override {
+    ScopedCollective watched(dog_, send_recv_);
+    inner_->send_recv(out, src, in, dst);
+  }
   void broadcast(Tensor x, int root) override {
     ScopedCollective watched(dog_, broadcast_);
     inner_->broadcast(x, root);
@@ -168,7 +173,7 @@ class WatchedComm final : public Comm {
   std::unique_ptr<Comm> inner_;
   CollectiveWatchdog& dog_;
   // Names interned in the watchdog, so they outlive this Comm for a watcher reading one late.
-  const char *all_reduce_, *all_gather_, *reduce_scatter_, *all_to_all_, *broadcast_, *barrier_,
+  const char *all_reduce_, *all_gather_, *reduce_scatter_, *all_to_all_, *send_recv_, *broadcast_, *barrier_,
       *host_reduce_;
 };
 

@@ -59,6 +59,20 @@ TEST_CASE("comm: MPI collectives move exactly what they should", "[mpi]") {
     CHECK(wrong == 0);
     if (me == R - 1) CHECK(nr == 0);
   }
+  SECTION("send_recv around the ring, both directions") {
+    for (int shift : {1, R - 1}) {
+      const int dst = (me + shift) % R, src = (me - shift + R) % R;
+      std::vector<int32_t> in(1001), out(1001, -1);
+      for (int i = 0; i < 1001; ++i) in[i] = me * 100000 + shift * 10000 + i;
+      comm->send_recv(Tensor(out.data(), DType::I32, {1001}), src, Tensor(in.data(), DType::I32, {1001}), dst);
+      int wrong = 0;
+      for (int i = 0; i < 1001; ++i) wrong += out[i] != src * 100000 + shift * 10000 + i;
+      CHECK(wrong == 0);
+    }
+    std::vector<int32_t> a(4), b(5);
+    CHECK_THROWS_AS(comm->send_recv(Tensor(b.data(), DType::I32, {5}), 0, Tensor(a.data(), DType::I32, {4}), 0),
+                    Error);
+  }
   SECTION("broadcast, host reductions, agreement") {
     std::vector<int64_t> x(3, me == 1 ? 42 : 0);
     comm->broadcast(Tensor(x.data(), DType::I64, {3}), 1);

@@ -287,6 +287,21 @@ TEST_CASE("nccl comm: collectives on device buffers move exactly what they shoul
         Error);
   }
 
+  SECTION("send_recv around the ring (to self on one rank)") {
+    for (int shift : {1, R - 1}) {
+      const int dst = (me + shift) % R, src = (me - shift + R) % R;
+      for (int64_t n : {1, 4099}) {
+        Guarded in(DType::BF16, n), out(DType::BF16, n);
+        in.upload([&](int64_t i) { return double((me * 31 + shift * 7 + i) % 200); });
+        comm->send_recv(out.t, src, in.t, dst);
+        INFO("shift " << shift << " n=" << n);
+        CHECK(out.wrong(stream.s, [&](int64_t i) { return double((src * 31 + shift * 7 + i) % 200); }) == 0);
+      }
+    }
+    Guarded a(DType::F32, 4), b(DType::F32, 5);
+    CHECK_THROWS_AS(comm->send_recv(b.t, 0, a.t, 0), Error);
+  }
+
   SECTION("broadcast from the last rank") {
     const int root = R - 1;
     for (DType dtype : {DType::I64, DType::BF16}) {

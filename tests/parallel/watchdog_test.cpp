@@ -127,6 +127,9 @@ TEST_CASE("watchdog: watch() forwards every collective and brackets it", "[cpu][
                      Tensor(rows.data(), DType::I64, {3, 2}), {3});
   CHECK(moved == std::vector<int64_t>{10, 11, 20, 21, 30, 31, -1, -1});
 
+  std::vector<int64_t> shifted(6, -1);
+  comm->send_recv(Tensor(shifted.data(), DType::I64, {3, 2}), 0, Tensor(rows.data(), DType::I64, {3, 2}), 0);
+  CHECK(shifted == rows);
   comm->broadcast(Tensor(x.data(), DType::F32, {3}), 0);
   comm->barrier();
   double v[2] = {1.5, -2};
@@ -134,8 +137,8 @@ TEST_CASE("watchdog: watch() forwards every collective and brackets it", "[cpu][
   CHECK((v[0] == 1.5 && v[1] == -2));
   CHECK(comm->all_reduce_host(7.0, Comm::Op::Sum) == 7.0);
   CHECK(comm->all_equal("config"));
-  // Six device-style collectives, two host reductions and the one inside all_equal.
-  CHECK(dog.num_collectives() == 9);
+  // Seven device-style collectives, two host reductions and the one inside all_equal.
+  CHECK(dog.num_collectives() == 10);
   CHECK_FALSE(dog.in_flight());
 
   // The inner Comm's errors come through, and the bracket ends.
