@@ -251,6 +251,11 @@ void validate(const Config& c) {
     MOP_USER_CHECK(m.hidden_size % m.num_heads == 0, "model.hidden_size: ", m.hidden_size,
                    " is not divisible by model.num_heads (", m.num_heads,
                    "); set model.head_dim explicitly");
+  const auto& a = c.parallel.attention;
+  MOP_USER_CHECK(a.impl != "ulysses" || a.cp == 1 || (m.num_heads % a.cp == 0 && m.num_kv_heads % a.cp == 0),
+                 "parallel.attention.impl: ulysses needs model.num_heads (", m.num_heads,
+                 ") and model.num_kv_heads (", m.num_kv_heads, ") to divide by parallel.attention.cp (",
+                 a.cp, "); use ring or auto");
   MOP_USER_CHECK(c.head_dim() % 2 == 0, "model.head_dim: ", c.head_dim(),
                  " must be even (RoPE rotates pairs of dimensions)");
   MOP_USER_CHECK(e.top_k <= e.num_experts, "moe.top_k: ", e.top_k, " exceeds moe.num_experts (",

@@ -40,6 +40,9 @@ struct MoeConfig {
 struct AttentionFold {
   int64_t cp = 1;
   int64_t dp = 1;
+  // How attention runs over the cp ranks: auto | ulysses | ring. auto: Ulysses when num_heads and
+  // num_kv_heads both divide by cp, ring attention otherwise.
+  std::string impl = "auto";
 };
 
 struct MoeFold {

@@ -86,6 +86,7 @@ std::vector<FieldSpec> config_schema(Config& c) {
   auto& p = c.parallel;
   s.i("parallel.attention.cp", p.attention.cp, 1, 1 << 20, "Attention: ranks the sequence is sharded over.");
   s.i("parallel.attention.dp", p.attention.dp, 1, 1 << 20, "Attention: data-parallel ranks; cp × dp = number of ranks.");
+  s.s("parallel.attention.impl", p.attention.impl, {"auto", "ulysses", "ring"}, "Attention over cp > 1 ranks: ulysses (an all-to-all trades the sequence shards for head shards; num_heads and num_kv_heads must divide by cp), ring (K/V blocks pass around the cp ranks, partial outputs merged by their log-sum-exp; any head count), or auto: ulysses when both head counts divide by cp, ring otherwise.");
   s.i("parallel.moe.ep", p.moe.ep, 1, 1 << 20, "MoE: ranks the experts are sharded over; must divide num_experts.");
   s.i("parallel.moe.dp", p.moe.dp, 1, 1 << 20, "MoE: data-parallel ranks; ep × dp = number of ranks.");
   s.f("parallel.collective_timeout", p.collective_timeout, 0, 1e7, "Seconds a collective may take before the job is aborted with a message naming it, the rank and the host (a peer failed or hung); 0: wait forever.");

@@ -13,6 +13,21 @@ std::vector<int> zigzag_positions(int seq, int cp_size, int cp_rank) {
   return pos;
 }
 
+bool use_ring_attention(const std::string& impl, int64_t num_heads, int64_t num_kv_heads, int cp) {
+  const bool divisible = num_heads % cp == 0 && num_kv_heads % cp == 0;
+  if (impl == "ring") return true;
+  MOP_USER_CHECK(impl == "auto" || impl == "ulysses", "parallel.attention.impl: unknown '", impl, "'");
+  MOP_USER_CHECK(impl == "auto" || divisible, "parallel.attention.impl: ulysses needs model.num_heads (",
+                 num_heads, ") and model.num_kv_heads (", num_kv_heads,
+                 ") to divide by parallel.attention.cp (", cp, "); use ring or auto");
+  return !divisible;
+}
+
+size_t UlyssesExchange::buffer_bytes(int batch, int seq, int64_t max_width, DType dtype) {
+  const size_t n = size_t(batch) * size_t(seq);
+  return 4 * n * sizeof(int32_t) + 2 * n * size_t(max_width) * dtype_size(dtype);
+}
+
 UlyssesExchange::UlyssesExchange(Comm& cp, Ops& ops, int batch, int seq, int64_t max_width, DType dtype)
     : comm_(cp),
       ops_(ops),

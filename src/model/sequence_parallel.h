@@ -9,6 +9,7 @@
 // Both directions are a row gather, an all-to-all of equal counts and a row gather.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "core/memory.h"
@@ -20,11 +21,18 @@ namespace mop {
 // Positions (within a sequence of S) of the S/cp tokens rank cp_rank holds, in its local order.
 std::vector<int> zigzag_positions(int seq, int cp_size, int cp_rank);
 
+// parallel.attention.impl resolved for cp ranks: true for ring attention (model/ring_attention.h),
+// false for Ulysses. "auto" picks Ulysses when both head counts divide by cp; "ulysses" with head
+// counts that do not is a UserError (the config's validation reports it first).
+bool use_ring_attention(const std::string& impl, int64_t num_heads, int64_t num_kv_heads, int cp);
+
 class UlyssesExchange {
  public:
   // batch sequences of seq (full length) tokens; max_width: the widest row exchanged
   // (heads/cp · head_dim over q, k and v) in elements of `dtype`.
   UlyssesExchange(Comm& cp, Ops& ops, int batch, int seq, int64_t max_width, DType dtype);
+  // Device bytes the constructor allocates for these sizes (part of the planned memory).
+  static size_t buffer_bytes(int batch, int seq, int64_t max_width, DType dtype);
 
   void to_full(Tensor full, const Tensor& local, int64_t heads);
   void to_local(Tensor local, const Tensor& full, int64_t heads);

@@ -24,6 +24,7 @@ Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops
   const int64_t Q = d_.q_width(), KV = d_.kv_width(), E = d_.experts, K = d_.top_k;
   const int64_t TK = T * K;
   if (opt_.groups) cp_ = opt_.groups->cp_size, ep_ = opt_.groups->ep_size;
+  ring_ = cp_ > 1 && use_ring_attention(opt_.attention_impl, d_.heads, d_.kv_heads, cp_);
   MOP_CHECK(d_.experts_local * ep_ == E, "the layout holds ", d_.experts_local, " experts, ep ", ep_);
   // Dropless expert parallelism: a rank may receive every row of its ep group (ep·T·K).
   const int64_t R = TK * ep_;
@@ -40,7 +41,10 @@ Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops
     s.q_raw = c({T, Q}), s.k_raw = c({T, KV}), s.q = c({T, Q}), s.k = c({T, KV}), s.v = c({T, KV});
     s.q_rstd = a({T * d_.heads}), s.k_rstd = a({T * d_.kv_heads});
     s.attn = c({T, Q}), s.lse = a({T * d_.heads});
-    if (cp_ > 1) s.q_full = c({T, Q}), s.k_full = c({T, KV}), s.v_full = c({T, KV}), s.attn_full = c({T, Q});
+    // Ulysses: whole sequences, heads/cp of them. Ring attention keeps the local layout; its lse is
+    // [2·batch, Nq, c] blocks, the same T·Nq elements.
+    if (cp_ > 1 && !ring_)
+      s.q_full = c({T, Q}), s.k_full = c({T, KV}), s.v_full = c({T, KV}), s.attn_full = c({T, Q});
     s.x_mid = c({T, H}), s.ln2 = c({T, H}), s.rstd2 = a({T});
     // With recompute the single set serves every layer, so it needs both MoE and dense buffers;
     // without, layer `set` needs only its own kind.
@@ -70,9 +74,15 @@ Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops
     if (ep_ > 1) s_.dyp_local = c({R, H}), s_.dxp_local = c({R, H}), s_.dispatch_scratch = c({R, H});
     if (cp_ > 1) s_.counts_global = i({E});
   }
-  if (cp_ > 1) {
+  if (cp_ > 1 && !ring_) {
     s_.dattn_full = c({T, Q}), s_.dq_full = c({T, Q}), s_.dk_full = c({T, KV}), s_.dv_full = c({T, KV});
   }
+  if (ring_)
+    cp_attention_bytes_ = RingAttention::buffer_bytes(opt_.max_batch, opt_.max_seq, d_.heads,
+                                                      d_.kv_heads, d_.head_dim, cdt_);
+  else if (cp_ > 1)
+    cp_attention_bytes_ = UlyssesExchange::buffer_bytes(opt_.max_batch, opt_.max_seq * cp_,
+                                                        d_.heads / cp_ * d_.head_dim, cdt_);
   // Dense-layer and shared-expert FFN gradients share one pair of buffers of the wider width.
   int64_t ffn_w = std::max(any_dense ? d_.dense_ffn : 0, any_moe ? d_.shared_ffn : 0);
   if (ffn_w) s_.dffn_h = c({T, ffn_w}), s_.dffn_gu = c({T, 2 * ffn_w});
@@ -89,7 +99,11 @@ Transformer::~Transformer() = default;
 void Transformer::allocate() {
   arena_.allocate();
   host_arena_.allocate();
-  if (cp_ > 1) {
+  if (ring_) {
+    ring_attention_ = std::make_unique<RingAttention>(*opt_.groups->cp_data, ops_, opt_.max_batch,
+                                                      opt_.max_seq, d_.heads, d_.kv_heads,
+                                                      d_.head_dim, cdt_);
+  } else if (cp_ > 1) {
     MOP_CHECK(d_.heads % cp_ == 0 && d_.kv_heads % cp_ == 0, "Ulysses attention needs the heads "
               "to divide by cp");
     ulysses_ = std::make_unique<UlyssesExchange>(*opt_.groups->cp_data, ops_, opt_.max_batch,
@@ -102,9 +116,14 @@ void Transformer::allocate() {
                                                                  opt_.max_seq * d_.top_k * ep_));
   OpShapes shapes;
   shapes.max_tokens = int64_t(opt_.max_batch) * opt_.max_seq;
-  shapes.batch = opt_.max_batch;
-  shapes.seq = int64_t(opt_.max_seq) * cp_;  // attention sees whole sequences, heads/cp of them
-  shapes.heads = d_.heads / cp_, shapes.kv_heads = d_.kv_heads / cp_, shapes.head_dim = d_.head_dim;
+  if (ring_) {  // c×c blocks of one sequence, all heads, causal and full
+    shapes.batch = 1, shapes.seq = opt_.max_seq / 2, shapes.attention_non_causal = true;
+    shapes.heads = d_.heads, shapes.kv_heads = d_.kv_heads;
+  } else {  // Ulysses: attention sees whole sequences, heads/cp of them
+    shapes.batch = opt_.max_batch, shapes.seq = int64_t(opt_.max_seq) * cp_;
+    shapes.heads = d_.heads / cp_, shapes.kv_heads = d_.kv_heads / cp_;
+  }
+  shapes.head_dim = d_.head_dim;
   shapes.hidden = d_.hidden, shapes.experts = d_.experts, shapes.top_k = d_.top_k;
   shapes.expert_ffn = d_.expert_ffn, shapes.vocab = d_.vocab;
   shapes.lm_head_chunk = arena_.tensor(s_.lm_ws).shape[0];
@@ -228,25 +247,42 @@ void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln
   if (d_.shared_ffn) ffn_bwd(P.shared_gate_up, P.shared_down, a.shared_gu, a.shared_h, ln2, dx, dln, T);
 }
 
-// Sequence-parallel attention: trade token shards for head shards, attend over whole sequences,
-// trade back (sequence_parallel.h). T is this rank's token count; the exchanged tensors hold the
-// same number of elements in both layouts.
+// Sequence-parallel attention. Ring: K/V blocks travel around the cp ranks (ring_attention.h).
+// Ulysses: trade token shards for head shards, attend over whole sequences, trade back
+// (sequence_parallel.h); the exchanged tensors hold the same number of elements in both layouts.
+// T is this rank's token count.
 void Transformer::attention_fwd(const Acts& a, const Batch& b, int64_t T) {
   const int64_t D = d_.head_dim, Nq = d_.heads, Nkv = d_.kv_heads, S = int64_t(b.seq) * cp_;
   const int64_t rows = int64_t(b.batch) * S;
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  if (ring_) {
+    ring_attention_->forward(act(a.attn, T).view({T, Nq, D}), act(a.lse, T * Nq),
+                             act(a.q, T).view({T, Nq, D}), act(a.k, T).view({T, Nkv, D}),
+                             act(a.v, T).view({T, Nkv, D}), b.batch, scale);
+    return;
+  }
   Tensor qf = act(a.q_full, T), kf = act(a.k_full, T), vf = act(a.v_full, T), of = act(a.attn_full, T);
   ulysses_->to_full(qf, act(a.q, T), Nq);
   ulysses_->to_full(kf, act(a.k, T), Nkv);
   ulysses_->to_full(vf, act(a.v, T), Nkv);
   ops_.attention_fwd(of.view({rows, Nq / cp_, D}), act(a.lse, T * Nq).view({b.batch, Nq / cp_, S}),
                      qf.view({rows, Nq / cp_, D}), kf.view({rows, Nkv / cp_, D}),
-                     vf.view({rows, Nkv / cp_, D}), b.batch, float(1.0 / std::sqrt(double(D))));
+                     vf.view({rows, Nkv / cp_, D}), b.batch, scale, /*causal=*/true);
   ulysses_->to_local(act(a.attn, T), of, Nq);
 }
 
 void Transformer::attention_bwd(const Acts& a, const Batch& b, int64_t T) {
   const int64_t D = d_.head_dim, Nq = d_.heads, Nkv = d_.kv_heads, S = int64_t(b.seq) * cp_;
   const int64_t rows = int64_t(b.batch) * S;
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  if (ring_) {
+    ring_attention_->backward(act(s_.dq, T).view({T, Nq, D}), act(s_.dk, T).view({T, Nkv, D}),
+                              act(s_.dv, T).view({T, Nkv, D}), act(s_.dattn, T).view({T, Nq, D}),
+                              act(a.q, T).view({T, Nq, D}), act(a.k, T).view({T, Nkv, D}),
+                              act(a.v, T).view({T, Nkv, D}), act(a.attn, T).view({T, Nq, D}),
+                              act(a.lse, T * Nq), b.batch, scale);
+    return;
+  }
   Tensor dof = act(s_.dattn_full, T), dqf = act(s_.dq_full, T), dkf = act(s_.dk_full, T);
   Tensor dvf = act(s_.dv_full, T);
   ulysses_->to_full(dof, act(s_.dattn, T), Nq);
@@ -254,8 +290,8 @@ void Transformer::attention_bwd(const Acts& a, const Batch& b, int64_t T) {
                      dvf.view({rows, Nkv / cp_, D}), dof.view({rows, Nq / cp_, D}),
                      act(a.q_full, T).view({rows, Nq / cp_, D}), act(a.k_full, T).view({rows, Nkv / cp_, D}),
                      act(a.v_full, T).view({rows, Nkv / cp_, D}), act(a.attn_full, T).view({rows, Nq / cp_, D}),
-                     act(a.lse, T * Nq).view({b.batch, Nq / cp_, S}), b.batch,
-                     float(1.0 / std::sqrt(double(D))));
+                     act(a.lse, T * Nq).view({b.batch, Nq / cp_, S}), b.batch, scale,
+                     /*causal=*/true);
   ulysses_->to_local(act(s_.dq, T), dqf, Nq);
   ulysses_->to_local(act(s_.dk, T), dkf, Nkv);
   ulysses_->to_local(act(s_.dv, T), dvf, Nkv);
@@ -289,7 +325,7 @@ void Transformer::layer_fwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
     attention_fwd(a, b, T);
   } else {
     ops_.attention_fwd(attn.view({T, Nq, D}), act(a.lse, T * Nq).view({b.batch, Nq, b.seq}), q3,
-                       k3, v3, b.batch, float(1.0 / std::sqrt(double(D))));
+                       k3, v3, b.batch, float(1.0 / std::sqrt(double(D))), /*causal=*/true);
   }
   ops_.copy(x_mid, x_in);
   ops_.gemm(x_mid, attn, false, W(P.o), true, 1, 1);  // x_mid = x_in + attn·Woᵀ
@@ -327,7 +363,7 @@ void Transformer::layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
     ops_.attention_bwd(dq.view({T, Nq, D}), dk.view({T, Nkv, D}), dv.view({T, Nkv, D}),
                        dattn.view({T, Nq, D}), q3, k3, act(a.v, T).view({T, Nkv, D}),
                        attn.view({T, Nq, D}), act(a.lse, T * Nq).view({b.batch, Nq, b.seq}),
-                       b.batch, float(1.0 / std::sqrt(double(D))));
+                       b.batch, float(1.0 / std::sqrt(double(D))), /*causal=*/true);
   }
   ops_.rope_bwd(dq.view({T, Nq, D}), b.positions, theta);
   ops_.rope_bwd(dk.view({T, Nkv, D}), b.positions, theta);

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "core/memory.h"
 #include "model/params.h"
+#include "model/ring_attention.h"
 #include "model/sequence_parallel.h"
 #include "ops/ops.h"
 #include "parallel/expert_dispatch.h"
@@ -43,9 +45,11 @@ struct TransformerOptions {
   int max_batch = 1, max_seq = 1;  // max_seq: tokens per sequence on this rank
   bool recompute = false;
   int64_t lm_head_chunk = 1024;
-  // Parallel groups (not owned); null: one rank. cp > 1 shards sequences (Ulysses attention),
-  // ep > 1 shards experts (the layout must hold this rank's experts).
+  // Parallel groups (not owned); null: one rank. cp > 1 shards sequences (Ulysses or ring
+  // attention), ep > 1 shards experts (the layout must hold this rank's experts).
   ParallelGroups* groups = nullptr;
+  // parallel.attention.impl: auto | ulysses | ring (cp > 1; see use_ring_attention).
+  std::string attention_impl = "auto";
 };
 
 class Transformer {
@@ -53,8 +57,9 @@ class Transformer {
   Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops, TransformerOptions options);
   ~Transformer();
 
-  // Planned activation memory on the ops device (bytes), available before allocate().
-  size_t planned_bytes() const { return arena_.planned_bytes(); }
+  // Planned activation memory on the ops device (bytes), available before allocate(): the arena
+  // and the buffers of the sequence-parallel attention (Ulysses exchange or ring attention).
+  size_t planned_bytes() const { return arena_.planned_bytes() + cp_attention_bytes_; }
   // Allocates the activations and lets the backend build its plans and workspaces for them.
   void allocate();
 
@@ -78,7 +83,7 @@ class Transformer {
     int logits = -1, probs = -1, rlse = -1, topk_idx = -1, topk_w = -1, counts = -1, offsets = -1;
     int perm_src = -1, slot_of = -1, aux_grad = -1, xp = -1, gu = -1, h = -1, yp = -1;
     int offsets_host = -1;  // host copy of offsets (grouped GEMMs size their groups on the host)
-    int q_full = -1, k_full = -1, v_full = -1, attn_full = -1;  // cp > 1: head-sharded, full sequences
+    int q_full = -1, k_full = -1, v_full = -1, attn_full = -1;  // Ulysses: head-sharded, full sequences
     int xp_local = -1, yp_local = -1;  // ep > 1: rows of this rank's experts from every rank
     int shared_gu = -1, shared_h = -1;  // shared expert
     int ffn_gu = -1, ffn_h = -1;        // dense FFN layers
@@ -89,7 +94,7 @@ class Transformer {
     int dx, dln, dattn, dq, dk, dv, dq_raw, dk_raw, dlogits = -1, dlogits_c = -1, dtopk_w = -1;
     int dyp = -1, dh = -1, dgu = -1, dxp = -1, dffn_h = -1, dffn_gu = -1;
     int xf, rstd_f, dxf, loss_tok, lse_tok, lm_ws, losses, loss_tmp, scratch_out, scratch_losses;
-    int dattn_full = -1, dq_full = -1, dk_full = -1, dv_full = -1;  // cp > 1
+    int dattn_full = -1, dq_full = -1, dk_full = -1, dv_full = -1;  // Ulysses
     int dyp_local = -1, dxp_local = -1, dispatch_scratch = -1, counts_global = -1;  // ep / cp > 1
   };
   Tensor W(int p) const { return params_.weight(p); }
@@ -120,7 +125,10 @@ class Transformer {
   Shared s_{};
   int last_T_ = 0;
   int cp_ = 1, ep_ = 1;
+  bool ring_ = false;              // cp > 1 through ring attention (else Ulysses)
+  size_t cp_attention_bytes_ = 0;  // what the one below allocates
   std::unique_ptr<UlyssesExchange> ulysses_;
+  std::unique_ptr<RingAttention> ring_attention_;
   std::vector<std::unique_ptr<ExpertDispatcher>> dispatch_;  // per activation set (ep > 1)
   void attention_fwd(const Acts& a, const Batch& b, int64_t T);
   void attention_bwd(const Acts& a, const Batch& b, int64_t T);

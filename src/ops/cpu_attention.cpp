@@ -1,6 +1,6 @@
-// CPU reference: causal GQA attention, forward (saving the log-sum-exp per query) and backward
-// (dS = P ⊙ (dP − rowsum(dO ⊙ O)), P recomputed from the saved lse), as GEMMs over blocks of query
-// rows. Forward runs one task per (sequence, query head); backward one per (sequence, kv head),
+// CPU reference: GQA attention (causal, or full for ring attention's off-diagonal blocks), forward
+// (saving the log-sum-exp per query) and backward (dS = P ⊙ (dP − rowsum(dO ⊙ O)), P recomputed
+// from the saved lse), as GEMMs over blocks of query rows. Forward runs one task per (sequence, query head); backward one per (sequence, kv head),
 // looping over that head's query heads in order, so dk/dv sums have one fixed order and no two
 // threads write the same element: results do not depend on the thread count.
 #include <algorithm>
@@ -37,8 +37,8 @@ AttnShape check_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const 
   return s;
 }
 
-// Query rows per block: scores of a block against its keys are one GEMM ([rows,D]·[D,n]); a block
-// wastes at most half of its diagonal square on masked scores (≤ 12% at S = 256).
+// Query rows per block: scores of a block against its keys are one GEMM ([rows,D]·[D,n]); a causal
+// block wastes at most half of its diagonal square on masked scores (≤ 12% at S = 256).
 constexpr int64_t kQueryBlock = 32;
 
 // kt[d·S + j] = x[b·S + j, g, d]: one kv head of one sequence, transposed into the [D,S] operand
@@ -61,11 +61,11 @@ void transpose_block(std::vector<T>& dst, const std::vector<T>& src, int64_t row
 }
 
 // Forward, one task per (sequence, query head). Per block of query rows i0..i0+rows, with
-// n = i0 + rows visible keys:  S = scale·Q·Kᵀ, P = exp(S − rowmax) (0 where j > i),
+// n = i0 + rows keys (causal) or all S:  S = scale·Q·Kᵀ, P = exp(S − rowmax) (causal: 0 where j > i),
 // O = P·V / rowsum(P), lse = rowmax + log rowsum(P).
 template <class T>
 void attention_fwd_impl(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const AttnShape& s, T scale) {
+                        const AttnShape& s, T scale, bool causal) {
   const int64_t dim = s.head_dim, ldq = s.num_q_heads * dim, ldkv = s.num_kv_heads * dim;
 #pragma omp parallel for schedule(static)
   for (int64_t task = 0; task < s.batch * s.num_q_heads; ++task) {
@@ -78,11 +78,11 @@ void attention_fwd_impl(Tensor out, Tensor lse, const Tensor& q, const Tensor& k
     std::vector<T> row_sum(static_cast<size_t>(kQueryBlock));
     pack_head_transposed(kt, k.ptr<T>(), s, b, g);
     for (int64_t i0 = 0; i0 < s.seq; i0 += kQueryBlock) {
-      const int64_t rows = std::min(kQueryBlock, s.seq - i0), n = i0 + rows;
+      const int64_t rows = std::min(kQueryBlock, s.seq - i0), n = causal ? i0 + rows : s.seq;
       gemm_nn(p.data(), n, q_bh + i0 * ldq, ldq, kt.data(), s.seq, rows, n, dim, scale, T(0));
       for (int64_t r = 0; r < rows; ++r) {
         T* pr = p.data() + r * n;
-        const int64_t visible = i0 + r + 1;  // causal: keys 0..i
+        const int64_t visible = causal ? i0 + r + 1 : n;  // causal: keys 0..i
         T m = pr[0];
         for (int64_t j = 1; j < visible; ++j) m = std::max(m, pr[j]);
         T l = 0;
@@ -107,7 +107,7 @@ void attention_fwd_impl(Tensor out, Tensor lse, const Tensor& q, const Tensor& k
 template <class T>
 void attention_bwd_impl(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        const AttnShape& s, T scale) {
+                        const AttnShape& s, T scale, bool causal) {
   const int64_t dim = s.head_dim, ldq = s.num_q_heads * dim, ldkv = s.num_kv_heads * dim;
 #pragma omp parallel for schedule(static)
   for (int64_t task = 0; task < s.batch * s.num_kv_heads; ++task) {
@@ -131,11 +131,11 @@ void attention_bwd_impl(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
       T* dq_bh = dq.ptr<T>() + row0;
       const T* lse_bh = lse.ptr<T>() + (b * s.num_q_heads + h) * s.seq;
       for (int64_t i0 = 0; i0 < s.seq; i0 += kQueryBlock) {
-        const int64_t rows = std::min(kQueryBlock, s.seq - i0), n = i0 + rows;
+        const int64_t rows = std::min(kQueryBlock, s.seq - i0), n = causal ? i0 + rows : s.seq;
         gemm_nn(p.data(), n, q_bh + i0 * ldq, ldq, kt.data(), s.seq, rows, n, dim, scale, T(0));
         gemm_nn(ds.data(), n, do_bh + i0 * ldq, ldq, vt.data(), s.seq, rows, n, dim, T(1), T(0));
         for (int64_t r = 0; r < rows; ++r) {
-          const int64_t i = i0 + r, visible = i + 1;
+          const int64_t i = i0 + r, visible = causal ? i + 1 : n;
           T delta = 0;
           for (int64_t d = 0; d < dim; ++d) delta += do_bh[i * ldq + d] * o_bh[i * ldq + d];
           T* pr = p.data() + r * n;
@@ -160,18 +160,18 @@ void attention_bwd_impl(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
 }  // namespace
 
 void attention_fwd(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                   int batch, float scale) {
+                   int batch, float scale, bool causal) {
   AttnShape s = check_shapes(q, k, v, lse, batch, "attention_fwd");
   expect(out, "attention_fwd: out", q.dtype, {q.shape[0], s.num_q_heads, s.head_dim});
   dispatch_float(q.dtype, [&](auto tag) {
     using T = decltype(tag);
-    attention_fwd_impl<T>(out, lse, q, k, v, s, T(scale));
+    attention_fwd_impl<T>(out, lse, q, k, v, s, T(scale), causal);
   });
 }
 
 void attention_bwd(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                    const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                   int batch, float scale) {
+                   int batch, float scale, bool causal) {
   AttnShape s = check_shapes(q, k, v, lse, batch, "attention_bwd");
   const int64_t num_tokens = q.shape[0];
   expect(out, "attention_bwd: out", q.dtype, {num_tokens, s.num_q_heads, s.head_dim});
@@ -181,7 +181,7 @@ void attention_bwd(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Te
   expect(dv, "attention_bwd: dv", q.dtype, {num_tokens, s.num_kv_heads, s.head_dim});
   dispatch_float(q.dtype, [&](auto tag) {
     using T = decltype(tag);
-    attention_bwd_impl<T>(dq, dk, dv, dout, q, k, v, out, lse, s, T(scale));
+    attention_bwd_impl<T>(dq, dk, dv, dout, q, k, v, out, lse, s, T(scale), causal);
   });
 }
 

@@ -53,13 +53,17 @@ class CpuOps final : public Ops {
   }
 
   void attention_fwd(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                     int batch, float scale) override {
-    cpu::attention_fwd(out, lse, q, k, v, batch, scale);
+                     int batch, float scale, bool causal) override {
+    cpu::attention_fwd(out, lse, q, k, v, batch, scale, causal);
   }
   void attention_bwd(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                      const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                     int batch, float scale) override {
-    cpu::attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, batch, scale);
+                     int batch, float scale, bool causal) override {
+    cpu::attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, batch, scale, causal);
+  }
+  void attention_merge(Tensor out_acc, Tensor lse_acc, const Tensor& o, const Tensor& lse,
+                       int batch) override {
+    cpu::attention_merge(out_acc, lse_acc, o, lse, batch);
   }
 
   void swiglu_fwd(Tensor h, const Tensor& gu) override { cpu::swiglu_fwd(h, gu); }

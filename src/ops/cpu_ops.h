@@ -78,10 +78,12 @@ void rope_bwd(Tensor dx, const Tensor& pos, float theta);
 
 // ---- cpu_attention.cpp ------------------------------------------------------------------------
 void attention_fwd(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                   int batch, float scale);
+                   int batch, float scale, bool causal);
 void attention_bwd(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                    const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                   int batch, float scale);
+                   int batch, float scale, bool causal);
+// ---- cpu_attention_merge.cpp ------------------------------------------------------------------
+void attention_merge(Tensor out_acc, Tensor lse_acc, const Tensor& o, const Tensor& lse, int batch);
 
 // ---- cpu_router.cpp ---------------------------------------------------------------------------
 void router_fwd(Tensor topk_idx, Tensor topk_w, Tensor probs, Tensor lse, const Tensor& logits,

@@ -1,5 +1,5 @@
-// cuDNN frontend graphs for causal GQA flash attention (see cuda_attention_cudnn.h): graph
-// construction per shape, the build steps (validate → operation graph → heuristics → support
+// cuDNN frontend graphs for GQA flash attention (see cuda_attention_cudnn.h): graph
+// construction per shape and mask, the build steps (validate → operation graph → heuristics → support
 // check → plan), and execution with a reused variant pack. Frontend failures become mop::Error
 // (or UserError when cuDNN says the shape is not supported).
 #include "ops/cuda_attention_cudnn.h"
@@ -54,7 +54,7 @@ namespace mop {
 
 std::string AttentionShape::str() const {
   return detail::concat("B=", batch, " S=", seq, " Nq=", num_q_heads, " Nkv=", num_kv_heads,
-                        " D=", head_dim);
+                        " D=", head_dim, causal ? " causal" : " full");
 }
 
 #ifdef MOP_HAVE_CUDNN_FRONTEND
@@ -124,7 +124,8 @@ std::unique_ptr<fe::graph::Graph> new_graph() {
 }
 
 // Causal within each sequence: query s sees keys j ≤ s (top-left aligned diagonal, right bound 0;
-// with S_q = S_kv that is the usual lower triangle).
+// with S_q = S_kv that is the usual lower triangle). Full attention (shape.causal false) sets no
+// mask at all.
 template <class Attributes>
 void set_causal(Attributes& a) {
   a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
@@ -139,7 +140,7 @@ std::unique_ptr<fe::graph::Graph> forward_graph(const AttentionShape& s) {
                    .set_name("attention_fwd")
                    .set_generate_stats(true)
                    .set_attn_scale(scale_input(*g));
-  set_causal(attrs);
+  if (s.causal) set_causal(attrs);
   auto [o, stats] = g->sdpa(q, k, v, std::move(attrs));
   bshd_output(o, kO, s, s.num_q_heads);
   stats->set_output(true)
@@ -173,7 +174,7 @@ std::unique_ptr<fe::graph::Graph> backward_graph(const AttentionShape& s, bool d
                    .set_name("attention_bwd")
                    .set_attn_scale(scale_input(*g))
                    .set_deterministic_algorithm(deterministic);
-  set_causal(attrs);
+  if (s.causal) set_causal(attrs);
   auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, std::move(attrs));
   bshd_output(dq, kDQ, s, s.num_q_heads);
   bshd_output(dk, kDK, s, s.num_kv_heads);

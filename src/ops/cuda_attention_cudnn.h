@@ -1,5 +1,6 @@
-// Causal GQA flash attention through cuDNN's fused SDPA (frontend graph API): one forward and one
-// backward graph per shape, built on first request and cached with its workspace size. Tensors are
+// GQA flash attention (causal, or full for ring attention's blocks) through cuDNN's fused SDPA
+// (frontend graph API): one forward and one backward graph per shape and mask, built on first
+// request and cached with its workspace size. Tensors are
 // the op interface's BSHD rows ([T,heads,D] bf16, t = b·S + s) described to cuDNN as [B,H,S,D] with
 // strides; lse is cuDNN's fp32 Stats ([B,Nq,S], natural-log log-sum-exp of the scaled scores).
 // Only this header's .cpp includes the (large) frontend headers.
@@ -14,11 +15,13 @@
 
 namespace mop {
 
-// One attention problem: `batch` sequences of `seq` tokens each.
+// One attention problem: `batch` sequences of `seq` tokens each, causal or full (every query sees
+// all `seq` keys of its sequence). The mask is part of the plan key.
 struct AttentionShape {
   int64_t batch = 0, seq = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  bool causal = true;
   bool operator==(const AttentionShape&) const = default;
-  std::string str() const;  // "B=2 S=37 Nq=4 Nkv=2 D=64", for messages
+  std::string str() const;  // "B=2 S=37 Nq=4 Nkv=2 D=64 causal", for messages
 };
 
 // Device pointers of one call. The scale is passed by value at execution, so it is not part of a

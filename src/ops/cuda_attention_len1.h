@@ -2,7 +2,9 @@
 // (s_q = s_kv = 1). The softmax over one key is exactly 1, so out = v (each query head copies its
 // kv head), lse = scale·q·k, dq = dk = 0, and dv sums dout over the query heads of each kv head:
 // cudaMemcpy2DAsync and cudaMemsetAsync, plus two strided-batched cuBLAS GEMMs (bf16 in, fp32
-// accumulation). Tests and generation use it; a training step never has S = 1.
+// accumulation). The one key is visible to the query with or without the causal mask, so both
+// masks take this path. Tests and generation use it; so does ring attention when a cp rank's
+// chunks are one token long (data.seq_len = 2·cp).
 #pragma once
 
 #include <cublas_v2.h>

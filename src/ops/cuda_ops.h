@@ -6,7 +6,7 @@
 //   cuda_ops_pointwise.cpp  fill/add/sum/sumsq kernels, embedding, RMSNorm, RoPE, SwiGLU, AdamW
 //   cuda_ops_gemm.cpp       cuBLASLt GEMM, grouped expert GEMM, fused LM head + cross-entropy
 //   cuda_ops_moe.cpp        router, aux loss, route plan, permute/unpermute
-//   cuda_ops_attention.cpp  cuDNN fused attention (frontend graphs, plans cached per shape)
+//   cuda_ops_attention.cpp  cuDNN fused attention (frontend graphs, plans cached per shape), merge
 #pragma once
 
 #include <cuda_runtime.h>
@@ -61,10 +61,12 @@ class CudaOps final : public Ops {
   void rope_bwd(Tensor dx, const Tensor& pos, float theta) override;
 
   void attention_fwd(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                     int batch, float scale) override;
+                     int batch, float scale, bool causal) override;
   void attention_bwd(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                      const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                     int batch, float scale) override;
+                     int batch, float scale, bool causal) override;
+  void attention_merge(Tensor out_acc, Tensor lse_acc, const Tensor& o, const Tensor& lse,
+                       int batch) override;
 
   void swiglu_fwd(Tensor h, const Tensor& gu) override;
   void swiglu_bwd(Tensor dgu, const Tensor& dh, const Tensor& gu) override;

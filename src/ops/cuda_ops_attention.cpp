@@ -1,8 +1,9 @@
-// CudaOps attention family: causal GQA attention forward and backward through cuDNN's fused flash
-// attention (cuda_attention_cudnn.h; one-token sequences through cuda_attention_len1.h). Plans are
-// built per shape (B, S, Nq, Nkv, D) in prepare_attention or at the first call with a new shape,
-// and one device workspace, sized to the largest plan, serves them all. lse is cuDNN's Stats,
-// written in place: fp32 [B,Nq,S], natural-log log-sum-exp of the scaled, causally masked scores.
+// CudaOps attention family: GQA attention (causal or full) forward and backward through cuDNN's
+// fused flash attention (cuda_attention_cudnn.h; one-token sequences through
+// cuda_attention_len1.h), and the merge of partial results (kernels/attention_merge.cuh). Plans are
+// built per shape (B, S, Nq, Nkv, D, mask) in prepare_attention or at the first call with a new
+// shape, and one device workspace, sized to the largest plan, serves them all. lse is cuDNN's
+// Stats, written in place: fp32 [B,Nq,S], natural-log log-sum-exp of the scaled, masked scores.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/cuda_check.h"
+#include "kernels/attention_merge.cuh"
 #include "ops/cuda_attention_cudnn.h"
 #include "ops/cuda_attention_len1.h"
 #include "ops/cuda_ops.h"
@@ -87,12 +89,12 @@ void expect_device(const Tensor& t, const char* name, DType dtype,
 // The shape of a call, with the preconditions every attention op shares (ops.h): q [T,Nq,D],
 // k/v [T,Nkv,D] bf16, lse fp32 [batch,Nq,S], T = batch·S, Nq a multiple of Nkv.
 AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse,
-                               int batch, const char* op) {
+                               int batch, bool causal, const char* op) {
   MOP_CHECK(q.ndim == 3 && k.ndim == 3, op, ": q ", q.shape_str(), " and k ", k.shape_str(),
             " must be [T,heads,D]");
   MOP_CHECK(batch > 0 && q.shape[0] % batch == 0, op, ": ", q.shape[0],
             " tokens do not split into ", batch, " sequences");
-  AttentionShape s{batch, q.shape[0] / batch, q.shape[1], k.shape[1], q.shape[2]};
+  AttentionShape s{batch, q.shape[0] / batch, q.shape[1], k.shape[1], q.shape[2], causal};
   MOP_CHECK(s.num_kv_heads > 0 && s.num_q_heads % s.num_kv_heads == 0, op, ": ", s.num_q_heads,
             " query heads are not a multiple of ", s.num_kv_heads, " kv heads");
   const int64_t num_tokens = q.shape[0];
@@ -115,15 +117,20 @@ void CudaOps::prepare_attention(const OpShapes& shapes) {
     return;
   MOP_CHECK(shapes.heads % shapes.kv_heads == 0, "prepare: ", shapes.heads,
             " query heads are not a multiple of ", shapes.kv_heads, " kv heads");
-  const AttentionShape s{shapes.batch, shapes.seq, shapes.heads, shapes.kv_heads, shapes.head_dim};
   AttentionState& st = state_of(attention_, stream_);
-  if (s.seq == 1) {
+  if (shapes.seq == 1) {
     single_of(st, stream_);
     return;
   }
-  const size_t fwd = CudnnAttention::workspace_bytes(st.cudnn.plan(AttentionPass::Forward, s));
-  const size_t bwd = CudnnAttention::workspace_bytes(st.cudnn.plan(AttentionPass::Backward, s));
-  reserve_workspace(st, std::max(fwd, bwd), stream_);
+  size_t bytes = 0;
+  for (bool causal : {true, false}) {
+    if (!causal && !shapes.attention_non_causal) continue;
+    const AttentionShape s{shapes.batch,    shapes.seq,      shapes.heads,
+                           shapes.kv_heads, shapes.head_dim, causal};
+    bytes = std::max(bytes, CudnnAttention::workspace_bytes(st.cudnn.plan(AttentionPass::Forward, s)));
+    bytes = std::max(bytes, CudnnAttention::workspace_bytes(st.cudnn.plan(AttentionPass::Backward, s)));
+  }
+  reserve_workspace(st, bytes, stream_);
 }
 
 size_t CudaOps::attention_workspace_bytes() const {
@@ -131,8 +138,8 @@ size_t CudaOps::attention_workspace_bytes() const {
 }
 
 void CudaOps::attention_fwd(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
-                            const Tensor& v, int batch, float scale) {
-  const AttentionShape s = attention_shape(q, k, v, lse, batch, "attention_fwd");
+                            const Tensor& v, int batch, float scale, bool causal) {
+  const AttentionShape s = attention_shape(q, k, v, lse, batch, causal, "attention_fwd");
   expect_device(out, "attention_fwd: out", DType::BF16, {q.shape[0], s.num_q_heads, s.head_dim});
   if (is_empty(s)) return;
   AttentionState& st = state_of(attention_, stream_);
@@ -148,8 +155,8 @@ void CudaOps::attention_fwd(Tensor out, Tensor lse, const Tensor& q, const Tenso
 
 void CudaOps::attention_bwd(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                             const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                            int batch, float scale) {
-  const AttentionShape s = attention_shape(q, k, v, lse, batch, "attention_bwd");
+                            int batch, float scale, bool causal) {
+  const AttentionShape s = attention_shape(q, k, v, lse, batch, causal, "attention_bwd");
   const int64_t num_tokens = q.shape[0];
   expect_device(out, "attention_bwd: out", DType::BF16, {num_tokens, s.num_q_heads, s.head_dim});
   expect_device(dout, "attention_bwd: dout", DType::BF16, {num_tokens, s.num_q_heads, s.head_dim});
@@ -167,6 +174,20 @@ void CudaOps::attention_bwd(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
   AttentionPlan& plan = st.cudnn.plan(AttentionPass::Backward, s);
   reserve_workspace(st, CudnnAttention::workspace_bytes(plan), stream_);
   st.cudnn.run_bwd(plan, args, st.workspace.data());
+}
+
+void CudaOps::attention_merge(Tensor out_acc, Tensor lse_acc, const Tensor& o, const Tensor& lse,
+                              int batch) {
+  MOP_CHECK(o.ndim == 3 && batch > 0 && o.shape[0] % batch == 0, "attention_merge: o ",
+            o.shape_str(), " is not [T,Nq,D] of ", batch, " sequences");
+  const int64_t rows = o.shape[0], heads = o.shape[1], dim = o.shape[2], seq = rows / batch;
+  expect_device(o, "attention_merge: o", DType::BF16, {rows, heads, dim});
+  expect_device(out_acc, "attention_merge: out_acc", DType::F32, {rows, heads, dim});
+  expect_device(lse_acc, "attention_merge: lse_acc", DType::F32, {batch, heads, seq});
+  expect_device(lse, "attention_merge: lse", DType::F32, {batch, heads, seq});
+  kernels::attention_merge(out_acc.ptr<float>(), lse_acc.ptr<float>(),
+                           static_cast<const __nv_bfloat16*>(o.data), lse.ptr<float>(), batch, seq,
+                           heads, dim, stream_);
 }
 
 }  // namespace mop

@@ -37,6 +37,8 @@ struct OpShapes {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   int64_t hidden = 0, experts = 0, top_k = 0, expert_ffn = 0, vocab = 0;
   int64_t lm_head_chunk = 0;
+  // Ring attention (model/ring_attention.h) also runs the non-causal attention of this shape.
+  bool attention_non_causal = false;
 };
 
 class Ops {
@@ -103,14 +105,28 @@ class Ops {
   virtual void rope_fwd(Tensor x, const Tensor& pos, float theta) = 0;
   virtual void rope_bwd(Tensor dx, const Tensor& pos, float theta) = 0;  // inverse rotation
 
-  // ---- causal GQA attention over `batch` sequences --------------------------------------------
+  // ---- GQA attention over `batch` sequences ---------------------------------------------------
   // q [T,Nq,D], k/v [T,Nkv,D], out [T,Nq,D], lse acc [batch,Nq,S] (log-sum-exp of the scaled
-  // scores, natural log). Query head h uses kv head h / (Nq/Nkv). Causal within each sequence.
+  // scores, natural log). Query head h uses kv head h / (Nq/Nkv). causal: query s of a sequence
+  // sees its keys 0..s; otherwise all S keys of its sequence (ring attention's off-diagonal blocks:
+  // c queries against c keys of another chunk, see model/ring_attention.h).
   virtual void attention_fwd(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, int batch, float scale) = 0;
+                             const Tensor& v, int batch, float scale, bool causal) = 0;
+  // dq, dk, dv are overwritten. out and lse may be those of a larger attention the block is part
+  // of (ring attention passes the merged output and its lse): the softmax is recomputed as
+  // exp(scores − lse), so the result is this block's exact share of that attention's gradient.
+  // (Not at S = 1 on the GPU: that path takes out and lse to be the call's own.)
   virtual void attention_bwd(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                              const Tensor& k, const Tensor& v, const Tensor& out,
-                             const Tensor& lse, int batch, float scale) = 0;
+                             const Tensor& lse, int batch, float scale, bool causal) = 0;
+  // Merges a partial attention result into an accumulator (ring attention): with
+  // lse' = log(exp(lse_acc) + exp(lse)),
+  //   out_acc = out_acc·exp(lse_acc − lse') + o·exp(lse − lse'),  lse_acc = lse'.
+  // out_acc acc [T,Nq,D], lse_acc acc [batch,Nq,S] (T = batch·S; the layouts attention_fwd's out
+  // and lse have); o [T,Nq,D] compute, lse acc [batch,Nq,S]. lse_acc = −inf marks an empty
+  // accumulator (out_acc is then ignored and becomes o); lse = −inf contributes nothing.
+  virtual void attention_merge(Tensor out_acc, Tensor lse_acc, const Tensor& o, const Tensor& lse,
+                               int batch) = 0;
 
   // ---- SwiGLU: h = silu(g) · u with gu = [g | u] ----------------------------------------------
   virtual void swiglu_fwd(Tensor h /*[M,F]*/, const Tensor& gu /*[M,2F]*/) = 0;

@@ -22,6 +22,7 @@ const char* op_category_name(OpCategory c) {
     case OpCategory::RouterPermute: return "router/permute";
     case OpCategory::Loss: return "LM head+loss";
     case OpCategory::Optimizer: return "optimizer";
+    case OpCategory::Communication: return "communication";
     case OpCategory::Other: return "other";
   }
   return "?";
@@ -115,7 +116,7 @@ TimedOps::TimedOps(std::unique_ptr<Ops> inner) : inner_(std::move(inner)), clock
 TimedOps::~TimedOps() = default;
 
 void TimedOps::begin(OpCategory c, const char* call) {
-  if (forced_ >= 0) c = OpCategory(forced_);
+  if (forced_ >= 0 && c != OpCategory::Communication) c = OpCategory(forced_);
   clock_->current_call = call;
 #ifdef MOP_HAVE_CUDA
   if (clock_->stream) {
@@ -244,13 +245,17 @@ void TimedOps::rmsnorm_bwd(Tensor dx, Tensor dw, const Tensor& dy, const Tensor&
 void TimedOps::rope_fwd(Tensor x, const Tensor& pos, float theta) { MOP_TIMED(Attention, rope_fwd(x, pos, theta)); }
 void TimedOps::rope_bwd(Tensor dx, const Tensor& pos, float theta) { MOP_TIMED(Attention, rope_bwd(dx, pos, theta)); }
 void TimedOps::attention_fwd(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                             int batch, float scale) {
-  MOP_TIMED(Attention, attention_fwd(out, lse, q, k, v, batch, scale));
+                             int batch, float scale, bool causal) {
+  MOP_TIMED(Attention, attention_fwd(out, lse, q, k, v, batch, scale, causal));
 }
 void TimedOps::attention_bwd(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                              const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                             int batch, float scale) {
-  MOP_TIMED(Attention, attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, batch, scale));
+                             int batch, float scale, bool causal) {
+  MOP_TIMED(Attention, attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, batch, scale, causal));
+}
+void TimedOps::attention_merge(Tensor out_acc, Tensor lse_acc, const Tensor& o, const Tensor& lse,
+                               int batch) {
+  MOP_TIMED(Attention, attention_merge(out_acc, lse_acc, o, lse, batch));
 }
 void TimedOps::swiglu_fwd(Tensor h, const Tensor& gu) { MOP_TIMED(Experts, swiglu_fwd(h, gu)); }
 void TimedOps::swiglu_bwd(Tensor dgu, const Tensor& dh, const Tensor& gu) { MOP_TIMED(Experts, swiglu_bwd(dgu, dh, gu)); }

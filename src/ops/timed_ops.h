@@ -1,7 +1,7 @@
 // TimedOps: an Ops decorator that measures where a step's time goes, by op category (attention,
-// dense GEMMs, experts, router/permute, loss, optimizer, other). On the GPU each op is bracketed by
-// CUDA events on the backend's stream (read once per step, so timing does not serialise the
-// stream); on the CPU by wall-clock time around the (synchronous) op.
+// dense GEMMs, experts, router/permute, loss, optimizer, communication, other). On the GPU each
+// op is bracketed by CUDA events on the backend's stream (read once per step, so timing does not
+// serialise the stream); on the CPU by wall-clock time around the (synchronous) op.
 #pragma once
 
 #include <array>
@@ -13,8 +13,10 @@
 
 namespace mop {
 
-enum class OpCategory : uint8_t { Attention, DenseGemm, Experts, RouterPermute, Loss, Optimizer, Other };
-constexpr int kNumOpCategories = 7;
+enum class OpCategory : uint8_t {
+  Attention, DenseGemm, Experts, RouterPermute, Loss, Optimizer, Communication, Other
+};
+constexpr int kNumOpCategories = 8;
 const char* op_category_name(OpCategory c);
 
 enum class StepPhase : uint8_t { Forward, Backward, Optimizer };
@@ -42,7 +44,13 @@ class TimedOps final : public Ops {
   Ops& inner() { return *inner_; }
   // Sums of the ops issued since the last call, by category (waits for them to finish).
   OpTimes collect();
-  // While set, every op counts under `c` (e.g. the optimizer step's copies and norms).
+  // Brackets a collective (TimedComm): issued on the backend's stream, where it holds up the
+  // compute that follows, or blocking on the CPU; either way its time is exposed communication.
+  // `call` must outlive the step (a string literal).
+  void begin_comm(const char* call) { begin(OpCategory::Communication, call); }
+  void end_comm() { end(); }
+  // While set, every op counts under `c` (e.g. the optimizer step's copies and norms);
+  // communication stays communication.
   void force_category(OpCategory c) { forced_ = int(c); }
   void clear_forced_category() { forced_ = -1; }
   // The phase the following ops belong to.
@@ -75,10 +83,12 @@ class TimedOps final : public Ops {
   void rope_fwd(Tensor x, const Tensor& pos, float theta) override;
   void rope_bwd(Tensor dx, const Tensor& pos, float theta) override;
   void attention_fwd(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                     int batch, float scale) override;
+                     int batch, float scale, bool causal) override;
   void attention_bwd(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                      const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                     int batch, float scale) override;
+                     int batch, float scale, bool causal) override;
+  void attention_merge(Tensor out_acc, Tensor lse_acc, const Tensor& o, const Tensor& lse,
+                       int batch) override;
   void swiglu_fwd(Tensor h, const Tensor& gu) override;
   void swiglu_bwd(Tensor dgu, const Tensor& dh, const Tensor& gu) override;
   void router_fwd(Tensor idx, Tensor w, Tensor probs, Tensor lse, const Tensor& logits, bool renorm) override;

@@ -7,6 +7,9 @@
 #include "parallel/mpi_comm.h"
 
 #ifdef MOP_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.h"
 #include "ops/cuda_ops.h"
 #include "ops/timed_ops.h"
 #include "parallel/cuda_nccl_comm.h"
@@ -71,7 +74,23 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& 
   g->world_data = watched(data_comm(MPI_COMM_WORLD, ops));
   g->cp_data = watched(data_comm(cp, ops)), g->ep_data = watched(data_comm(ep, ops));
   g->edp_data = watched(data_comm(edp, ops));
+#ifdef MOP_HAVE_CUDA
+  if (ops.device() == Device::CUDA) {
+    cudaStream_t side;
+    MOP_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    g->grad_stream = side;
+    g->world_grad = watched(make_nccl_comm(MPI_COMM_WORLD, side));
+    g->edp_grad = watched(make_nccl_comm(edp, side));
+  }
+#endif
   return g;
+}
+
+ParallelGroups::~ParallelGroups() {
+  world_grad.reset(), edp_grad.reset();  // the communicators before their stream
+#ifdef MOP_HAVE_CUDA
+  if (grad_stream) cudaStreamDestroy(static_cast<cudaStream_t>(grad_stream));
+#endif
 }
 
 }  // namespace mop

@@ -25,6 +25,10 @@ struct ParallelGroups {
   Comm* world_host = nullptr;
   std::unique_ptr<Comm> world_host_owned, cp_host, ep_host, edp_host;
   std::unique_ptr<Comm> world_data, cp_data, ep_data, edp_data;  // tensors on the ops device
+  // GPU ranks: the gradient sums' own communicators (world, edp), on their own stream
+  // (grad_stream, a cudaStream_t), so they overlap with backward (GradReducer). Null on CPU ranks.
+  std::unique_ptr<Comm> world_grad, edp_grad;
+  void* grad_stream = nullptr;
   // Several ranks: every collective above is watched (parallel.collective_timeout).
   std::unique_ptr<CollectiveWatchdog> watchdog;
 
@@ -33,6 +37,10 @@ struct ParallelGroups {
   static std::unique_ptr<ParallelGroups> build(const Config& cfg, World& world, Ops& ops);
   // A single-rank layout with self comms (tests, generation).
   static std::unique_ptr<ParallelGroups> single();
+  ParallelGroups() = default;
+  ~ParallelGroups();
+  ParallelGroups(const ParallelGroups&) = delete;
+  ParallelGroups& operator=(const ParallelGroups&) = delete;
 };
 
 }  // namespace mop

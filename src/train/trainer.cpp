@@ -19,6 +19,7 @@
 #endif
 #include "ops/timed_ops.h"
 #include "optim/schedule.h"
+#include "parallel/timed_comm.h"
 #include "train/checkpointing.h"
 
 namespace mop {
@@ -137,6 +138,9 @@ void Trainer::build() {
   ops_ = std::move(timed);
   device_used_at_start_ = device_memory_used();
   groups_ = ParallelGroups::build(cfg_, world_, *ops_);
+  if (world_.size > 1)  // tensor collectives count as communication in the step's time split
+    for (auto* c : {&groups_->world_data, &groups_->cp_data, &groups_->ep_data, &groups_->edp_data})
+      *c = time_comm(std::move(*c), *timed_);
   dp_size_ = groups_->dp_size;
   dp_rank_ = groups_->dp;
   micro_batches_ = int(cfg_.train.global_batch_size / (cfg_.train.micro_batch_size * dp_size_));
@@ -145,10 +149,6 @@ void Trainer::build() {
     MOP_USER_CHECK(cfg_.data.seq_len % (2 * cp) == 0, "data.seq_len: ", cfg_.data.seq_len,
                    " must divide into 2 × parallel.attention.cp (", 2 * cp,
                    ") chunks (each cp rank holds an early and a late chunk)");
-    MOP_USER_CHECK(cfg_.model.num_heads % cp == 0 && cfg_.model.num_kv_heads % cp == 0,
-                   "parallel.attention.cp: ", cp, " must divide model.num_heads (",
-                   cfg_.model.num_heads, ") and model.num_kv_heads (", cfg_.model.num_kv_heads,
-                   ") for the Ulysses all-to-all (ring attention is not implemented yet)");
     local_positions_ = zigzag_positions(int(cfg_.data.seq_len), cp, groups_->cp);
   }
   local_seq_ = int(cfg_.data.seq_len) / cp;
@@ -171,7 +171,20 @@ void Trainer::build() {
   topt.recompute = cfg_.train.recompute;
   topt.lm_head_chunk = cfg_.train.lm_head_chunk;
   topt.groups = groups_.get();
+  topt.attention_impl = cfg_.parallel.attention.impl;
   model_ = std::make_unique<Transformer>(layout_, *params_, *ops_, topt);
+  if (placement_.device == Device::CUDA) {
+    // The activations must fit next to the weights and gradients (allocated above) and the least
+    // optimizer footprint (all state on the host: bf16 gradient staging, 2 bytes per parameter).
+    const double free = double(device_memory_free()), act = double(model_->planned_bytes()),
+                 least = act + double(ops_->workspace_bytes()) + 2.0 * double(params_->total_elements());
+    MOP_USER_CHECK(least <= free, "the activations of one micro-batch (", cfg_.train.micro_batch_size,
+                   " × ", local_seq_, " tokens per rank) need ", format_bytes(act), ", and with the "
+                   "backend workspaces and gradient staging ", format_bytes(least), ", but only ",
+                   format_bytes(free), " of GPU memory are free after the weights and gradients. "
+                   "Lower data.seq_len or train.micro_batch_size, raise parallel.attention.cp",
+                   cfg_.train.recompute ? "" : ", or set train.recompute: true");
+  }
   model_->allocate();
   const size_t tokens_local = size_t(cfg_.train.micro_batch_size) * size_t(local_seq_);
   const size_t tokens = size_t(micro_batches_) * tokens_local;
@@ -194,9 +207,27 @@ void Trainer::build() {
     optim_->set_distributed(std::move(sharded), groups_->ep_size > 1 ? groups_->ep_host.get() : nullptr,
                             groups_->world_host);
   }
+  if (world_.size > 1) {
+    reducer_ = std::make_unique<GradReducer>(*groups_, *ops_);
+    const int stages = int(layout_.dims.layers) + 2;
+    stage_params_.assign(size_t(stages), {});
+    stage_has_host_state_.assign(size_t(stages), false);
+    stage_reduced_.assign(size_t(stages), false);
+    for (int p = 0; p < int(layout_.params.size()); ++p) {
+      int s = param_stage(layout_, p);
+      stage_params_[size_t(s)].push_back(p);
+      if (!on_host.empty() && on_host[size_t(p)] && (owned.empty() || owned[size_t(p)])) stage_has_host_state_[size_t(s)] = true;
+    }
+  }
   model_->set_hooks({[this](int stage) { optim_->weights_ready(stage); },
                      [this](int stage) {
-                       if (last_micro_batch_) optim_->grads_final(stage);
+                       if (!last_micro_batch_) return;
+                       if (reducer_) {
+                         reduce_stage(stage);
+                         // The host update copies this stage's gradients: they must be summed.
+                         if (stage_has_host_state_[size_t(stage)]) join_reductions();
+                       }
+                       optim_->grads_final(stage);
                      },
                      [this](bool backward) {
                        timed_->set_phase(backward ? StepPhase::Backward : StepPhase::Forward);
@@ -388,14 +419,28 @@ void Trainer::fill_step_batches() {
   step_valid_tokens_ = int64_t(groups_->world_host->all_reduce_host(double(valid), Comm::Op::Sum));
 }
 
-void Trainer::reduce_gradients() {
-  if (world_.size == 1) return;
+void Trainer::reduce_stage(int stage) {
   // Dense weights are replicated on every rank: sum over all of them. Experts are sharded over
   // ep: sum over the ranks that hold the same experts.
-  for (int p = 0; p < params_->num_params(); ++p) {
-    bool expert = layout_.params[p].kind == ParamKind::Experts;
-    (expert ? groups_->edp_data : groups_->world_data)->all_reduce_sum(params_->grad(p));
-  }
+  std::vector<Tensor> dense, expert;
+  for (int p : stage_params_[size_t(stage)])
+    (layout_.params[p].kind == ParamKind::Experts ? expert : dense).push_back(params_->grad(p));
+  reducer_->reduce(dense, expert);
+  stage_reduced_[size_t(stage)] = true;
+}
+
+void Trainer::join_reductions() {
+  timed_->begin_comm("wait for gradient sums");  // on the GPU: the time the compute stream waits
+  reducer_->join();
+  timed_->end_comm();
+}
+
+void Trainer::reduce_gradients() {
+  if (!reducer_) return;
+  for (size_t s = 0; s < stage_reduced_.size(); ++s)
+    if (!stage_reduced_[s]) reduce_stage(int(s));
+  join_reductions();
+  std::fill(stage_reduced_.begin(), stage_reduced_.end(), false);
 }
 
 Batch Trainer::micro_batch(int m) {
@@ -433,6 +478,7 @@ Trainer::StepLosses Trainer::compute_gradients() {
     model_->forward_backward(micro_batch(m), ce_scale, aux_scale);
   }
   last_micro_batch_ = false;
+  reduce_gradients();
   LossTerms lt;
   {
     // Reading the losses waits for the step's device work, NCCL collectives included: a peer
@@ -443,7 +489,6 @@ Trainer::StepLosses Trainer::compute_gradients() {
   }
   double sums[3] = {lt.ce_sum, lt.aux, lt.z};
   groups_->world_host->all_reduce_host(sums, 3, Comm::Op::Sum);
-  reduce_gradients();
   return {step_valid_tokens_ > 0 ? sums[0] / double(step_valid_tokens_) : 0.0, sums[1], sums[2]};
 }
 

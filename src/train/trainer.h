@@ -12,6 +12,7 @@
 #include "model/transformer.h"
 #include "ops/timed_ops.h"
 #include "optim/optimizer.h"
+#include "parallel/grad_reducer.h"
 #include "parallel/groups.h"
 #include "parallel/world.h"
 #include "train/metrics.h"
@@ -61,6 +62,10 @@ class Trainer {
   // Samples [first, first + micro_batch) of the training (or validation) split; keeps this rank's
   // tokens of every sequence. Returns the unmasked targets among them.
   int64_t fill_local(int64_t first, bool valid_split, int32_t* ids, int32_t* targets, int32_t* positions);
+  // Data-parallel gradient sums: each stage's as soon as the last micro-batch's backward finishes
+  // it (overlapped with the rest of backward on GPUs), then the rest, then the compute waits.
+  void reduce_stage(int stage);
+  void join_reductions();
   void reduce_gradients();
   // ZeRO-1: which rank updates each parameter (rank in its replica group); this rank's share.
   std::vector<bool> assign_owners();
@@ -94,6 +99,10 @@ class Trainer {
   int dp_rank_ = 0, dp_size_ = 1;
   std::vector<int32_t> ids_, targets_, positions_;  // this rank's micro-batches of the step
   std::unique_ptr<ParallelGroups> groups_;
+  std::unique_ptr<GradReducer> reducer_;  // several ranks only; before groups_ in destruction
+  std::vector<std::vector<int>> stage_params_;  // parameters by stage (param_stage)
+  std::vector<bool> stage_reduced_;             // this step's sums issued
+  std::vector<bool> stage_has_host_state_;      // a host update reads this stage's gradients
   int local_seq_ = 0;                    // tokens of each sequence on this rank (S / cp)
   std::vector<int> owner_;               // ZeRO-1 owner of each parameter within its group
   std::vector<int> local_positions_;     // cp > 1: which positions of a sequence this rank holds

@@ -111,8 +111,8 @@ bool validate(CudaOps& ops) {
   HostTensor out(DType::F32, {t, kHeads, kHeadDim}), lse(DType::F32, {s.batch, kHeads, s.seq});
   HostTensor dq = out, dk = k, dv = v;
   auto cpu = make_cpu_ops();
-  cpu->attention_fwd(out, lse, q, k, v, s.batch, s.scale());
-  cpu->attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, s.batch, s.scale());
+  cpu->attention_fwd(out, lse, q, k, v, s.batch, s.scale(), true);
+  cpu->attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, s.batch, s.scale(), true);
 
   DeviceTensor gq = test::upload(q, DType::BF16), gk = test::upload(k, DType::BF16);
   DeviceTensor gv = test::upload(v, DType::BF16), gdout = test::upload(dout, DType::BF16);
@@ -121,8 +121,8 @@ bool validate(CudaOps& ops) {
   DeviceTensor gdv(DType::BF16, {t, kKvHeads, kHeadDim});
   for (const DeviceTensor* x : {&gout, &glse, &gdq, &gdk, &gdv}) test::poison(*x);
   settle();
-  ops.attention_fwd(gout, glse, gq, gk, gv, s.batch, s.scale());
-  ops.attention_bwd(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, s.batch, s.scale());
+  ops.attention_fwd(gout, glse, gq, gk, gv, s.batch, s.scale(), true);
+  ops.attention_bwd(gdq, gdk, gdv, gdout, gq, gk, gv, gout, glse, s.batch, s.scale(), true);
   return within(test::download(gout), out, kOutAtolPerMaxV * max_abs(v), kOutRtol, kOutNmse) &&
          within(test::download(glse), lse, kLseAtol, 0, kLseNmse) &&
          within(test::download(gdq), dq, kGradAtolPerMax * max_abs(dq), kGradRtol, kGradNmse) &&
@@ -141,8 +141,8 @@ void time_shape(CudaOps& ops, const Shape& s, bool valid, bool with_fwd, const s
   DeviceTensor dq(DType::BF16, {t, kHeads, kHeadDim}), dk(DType::BF16, {t, kKvHeads, kHeadDim});
   DeviceTensor dv(DType::BF16, {t, kKvHeads, kHeadDim});
   settle();
-  auto fwd = [&] { ops.attention_fwd(out, lse, q, k, v, s.batch, s.scale()); };
-  auto bwd = [&] { ops.attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, s.batch, s.scale()); };
+  auto fwd = [&] { ops.attention_fwd(out, lse, q, k, v, s.batch, s.scale(), true); };
+  auto bwd = [&] { ops.attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, s.batch, s.scale(), true); };
   fwd();  // builds both plans (host work) and gives the backward its out and lse
   bwd();
   ops.synchronize();

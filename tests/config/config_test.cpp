@@ -86,6 +86,18 @@ TEST_CASE("config: bad input names the path and value", "[cpu][config]") {
   CHECK(error_of("optim: {lr: 1e-4, min_lr: 1e-3}") == "optim.min_lr: 0.001 exceeds optim.lr (0.0001)");
   CHECK(error_of("model: {num_layers: 2}\nmoe: {first_dense_layers: 3}") ==
         "moe.first_dense_layers: 3 exceeds model.num_layers (2)");
+  // Ulysses attention shards heads over the cp ranks; ring attention and auto take any head count.
+  CHECK(error_of("model: {hidden_size: 96, num_heads: 6, num_kv_heads: 3}\n"
+                 "parallel: {attention: {cp: 2, dp: 1, impl: ulysses}}") ==
+        "parallel.attention.impl: ulysses needs model.num_heads (6) and model.num_kv_heads (3) to "
+        "divide by parallel.attention.cp (2); use ring or auto");
+  CHECK(error_of("model: {hidden_size: 96, num_heads: 6, num_kv_heads: 3}\n"
+                 "parallel: {attention: {cp: 2, dp: 1, impl: ring}}") == "");
+  CHECK(error_of("model: {hidden_size: 96, num_heads: 6, num_kv_heads: 3}\n"
+                 "parallel: {attention: {cp: 2, dp: 1}}") == "");
+  CHECK(error_of("model: {num_heads: 4, num_kv_heads: 2}\nparallel: {attention: {cp: 2, impl: ulysses}}") == "");
+  CHECK(error_of("parallel: {attention: {impl: rings}}") ==
+        "cfg.yaml:1: parallel.attention.impl: 'rings' is not one of auto, ulysses or ring (did you mean ring?)");
   // Sizes whose products overflow.
   CHECK(error_of("data: {seq_len: 16777216}\ntrain: {micro_batch_size: 1000, global_batch_size: 1000}") ==
         "train.micro_batch_size × data.seq_len = 16777216000 tokens per micro-batch exceeds 2^31 − 1");

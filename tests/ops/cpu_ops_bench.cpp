@@ -65,9 +65,9 @@ TEST_CASE("bench: attention B=8 S=256 Nq=4 Nkv=2 D=32 fp32", "[.][bench]") {
   HostTensor out(DType::F32, {tokens, nq, d}), lse(DType::F32, {batch, nq, seq});
   HostTensor dq = q, dk = k, dv = v;
   const float scale = 1.0f / std::sqrt(float(d));
-  const double fwd = best_seconds([&] { ops.attention_fwd(out, lse, q, k, v, batch, scale); });
+  const double fwd = best_seconds([&] { ops.attention_fwd(out, lse, q, k, v, batch, scale, true); });
   const double bwd =
-      best_seconds([&] { ops.attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, batch, scale); });
+      best_seconds([&] { ops.attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, batch, scale, true); });
   REQUIRE(finite_nonzero(out));
   REQUIRE(finite_nonzero(dk));
   // Causal pairs P = S(S+1)/2 per (sequence, head); forward is 2 matmuls (QKᵀ, PV) = 4·D·P FLOPs,

@@ -1,0 +1,40 @@
+// GradReducer: the data-parallel gradient sums, issued stage by stage as backward finishes them.
+// Dense gradients are summed over all ranks, expert gradients over the ranks holding the same
+// experts (edp). On the GPU the sums run on their own stream, through their own NCCL
+// communicators, after the compute issued so far: they overlap with the backward of the earlier
+// layers, and join() makes the compute stream wait for them before the optimizer reads the
+// gradients. On CPU ranks (MPI, blocking) each sum runs at once.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "parallel/groups.h"
+
+namespace mop {
+
+class Ops;
+
+class GradReducer {
+ public:
+  GradReducer(ParallelGroups& groups, Ops& ops);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // Sums these gradients in place once the compute issued so far has written them.
+  void reduce(const std::vector<Tensor>& dense, const std::vector<Tensor>& expert);
+  // The compute stream waits for every sum issued so far (nothing to do on the CPU).
+  void join();
+  bool overlapped() const { return side_ != nullptr; }
+
+ private:
+  Comm *dense_, *expert_;
+  void* compute_ = nullptr;  // cudaStream_t
+  void* side_ = nullptr;     // cudaStream_t, owned by the groups
+  void* ready_ = nullptr;    // cudaEvent_t: the compute stream reached the reduce
+  void* done_ = nullptr;     // cudaEvent_t: the side stream's sums so far
+};
+
+}  // namespace mop
