@@ -7,8 +7,9 @@
 #         per GPU per step, at sequence 16K and 32K;
 #   cp:   q3moe-8l with the sequence sharded over N GPUs (Ulysses, experts sharded too), two
 #         sequences per step, at sequence 16K up to 64K;
-#   cpr:  the same with train.recompute (only layer inputs kept) at 128K and 256K.
-# Usage: scripts/bench_multi_gpu.sh BIN_DIR OUT_DIR [comm|ep|cp|cpr ...]  (BIN_DIR: mop, mop_tests)
+#   cpr:  the same with train.recompute (only layer inputs kept) at 128K and 256K;
+#   ring: cp with ring attention instead of Ulysses (parallel.attention.impl: ring) at 16K, 32K.
+# Usage: scripts/bench_multi_gpu.sh BIN_DIR OUT_DIR [comm|ep|cp|cpr|ring ...]  (BIN_DIR: mop, mop_tests)
 set -uo pipefail
 bin=${1:-build}
 out=${2:-bench-out}
@@ -46,6 +47,11 @@ for part in $parts; do
       for seq in ${CPR_SEQS:-131072 262144}; do
         train "cp${n}_recompute_s$seq" --set data.seq_len=$seq --set train.global_batch_size=2 \
           --set parallel.attention.cp=$n --set parallel.moe.ep=$n --set train.recompute=true
+      done ;;
+    ring)
+      for seq in ${RING_SEQS:-16384 32768}; do
+        train "ring${n}_s$seq" --set data.seq_len=$seq --set train.global_batch_size=2 \
+          --set parallel.attention.cp=$n --set parallel.moe.ep=$n --set parallel.attention.impl=ring
       done ;;
   esac
 done

@@ -391,7 +391,7 @@ TEST_CASE("cuda ring attention on one rank equals causal attention (blocks, merg
   // With one rank the sequence is [chunk 0 ; chunk 1]: three blocks (two causal, one full) per
   // sequence, merged, and dk/dv of chunk 0 summed over two blocks. Tolerances as for one call: the
   // blocks' bf16 outputs and gradients add one rounding each, well inside them.
-  const AttnCase cases[] = {{2, 74, 4, 2, 64}, {1, 4, 6, 3, 16}, {3, 128, 8, 1, 128}};
+  const AttnCase cases[] = {{2, 74, 4, 2, 64}, {1, 4, 6, 3, 16}, {3, 128, 8, 1, 128}, {1, 16, 8, 4, 8}};
   uint64_t seed = 6000;
   for (const AttnCase& c : cases) {
     INFO(c.str());
