@@ -10,6 +10,8 @@
 #   cpr:  the same with train.recompute (only layer inputs kept) at 128K and 256K;
 #   ring: cp with ring attention instead of Ulysses (parallel.attention.impl: ring) at 16K, 32K.
 # Usage: scripts/bench_multi_gpu.sh BIN_DIR OUT_DIR [comm|ep|cp|cpr|ring ...]  (BIN_DIR: mop, mop_tests)
+# Environment: STEPS (8), RUN_TIMEOUT (240 s per run), NGPU, EP_SEQS, CP_SEQS, CPR_SEQS, RING_SEQS,
+# and EXTRA ("--set key=value ..." added to every training run).
 set -uo pipefail
 bin=${1:-build}
 out=${2:-bench-out}
@@ -23,7 +25,7 @@ run() { mpirun -np "$n" --bind-to none -x OMP_NUM_THREADS -x MOP_BINARY \
 train() {  # name, then --set overrides
   local name=$1; shift
   timeout "${RUN_TIMEOUT:-240}" bash -c "$(declare -f run); n=$n; run \"$bin/mop\" train \
-    --config configs/q3moe-8l.yaml --set train.steps=${STEPS:-8} $*" > "$out/$name.log" 2>&1
+    --config configs/q3moe-8l.yaml --set train.steps=${STEPS:-8} $* ${EXTRA:-}" > "$out/$name.log" 2>&1
   echo "$name: exit $? $(grep -E 'step +[0-9]+/' "$out/$name.log" | tail -1)" | tee -a "$out/summary.txt"
 }
 for part in $parts; do

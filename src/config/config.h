@@ -54,6 +54,7 @@ struct ParallelConfig {
   AttentionFold attention;
   MoeFold moe;
   bool zero = true;  // shard the optimizer state over the ranks that replicate a parameter
+  bool overlap_grad_reduce = true;  // GPU: gradient sums on their own stream during backward
   double collective_timeout = 600;  // seconds; a collective not done by then aborts the job
 };
 

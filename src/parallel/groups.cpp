@@ -75,7 +75,7 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& 
   g->cp_data = watched(data_comm(cp, ops)), g->ep_data = watched(data_comm(ep, ops));
   g->edp_data = watched(data_comm(edp, ops));
 #ifdef MOP_HAVE_CUDA
-  if (ops.device() == Device::CUDA) {
+  if (ops.device() == Device::CUDA && cfg.parallel.overlap_grad_reduce) {
     cudaStream_t side;
     MOP_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
     g->grad_stream = side;
