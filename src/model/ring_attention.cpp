@@ -123,7 +123,8 @@ void RingAttention::accumulate(Tensor acc, const Tensor& part) {
   ops_.add(flat, flat, conv);
 }
 
-void RingAttention::check(const Tensor& q, const Tensor& k, int batch, const char* op) const {
+Tensor RingAttention::check(const Tensor& q, const Tensor& k, const Tensor& lse, int batch,
+                            const char* op) const {
   MOP_CHECK(batch > 0 && batch <= max_batch_ && q.ndim == 3 && q.shape[0] % (2 * batch) == 0,
             op, ": q ", q.shape_str(), " is not [batch·2c, Nq, D] of ", batch, " sequences");
   const int64_t local_seq = q.shape[0] / batch;
@@ -132,16 +133,16 @@ void RingAttention::check(const Tensor& q, const Tensor& k, int batch, const cha
             op, ": q ", q.shape_str(), ", k ", k.shape_str(), " against the planned ", max_batch_,
             "×", max_local_seq_, " tokens, ", nq_, "/", nkv_, " heads of ", dim_);
   MOP_CHECK(q.dtype == cdt_ && k.dtype == cdt_, op, ": dtype ", dtype_name(q.dtype));
+  const int64_t c = local_seq / 2;
+  MOP_CHECK(lse.dtype == adt_ && lse.numel() == 2 * batch * nq_ * c, op, ": lse ", lse.shape_str());
+  return lse.view({2 * int64_t(batch), nq_, c});  // lse block (b, half) is [Nq, c]
 }
 
 void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
                             const Tensor& v, int batch, float scale) {
-  check(q, k, batch, "ring attention forward");
+  Tensor lse_blocks = check(q, k, lse, batch, "ring attention forward");
   const int64_t tokens = q.shape[0], c = tokens / batch / 2;
   const int prev = (rank_ + cp_ - 1) % cp_, next = (rank_ + 1) % cp_;
-  MOP_CHECK(lse.dtype == adt_ && lse.numel() == 2 * batch * nq_ * c, "ring attention: lse ",
-            lse.shape_str());
-  Tensor lse_blocks = lse.view({2 * int64_t(batch), nq_, c});
   Tensor acc = at(acc_off_, adt_, {tokens, nq_, dim_});
   Tensor part_o = at(part_o_off_, cdt_, {c, nq_, dim_}), part_lse = at(part_lse_off_, adt_, {1, nq_, c});
   // lse = −inf: every query starts with an empty accumulator (its first merge ignores acc).
@@ -175,12 +176,9 @@ void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tenso
 void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                              const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                              int batch, float scale) {
-  check(q, k, batch, "ring attention backward");
+  Tensor lse_blocks = check(q, k, lse, batch, "ring attention backward");
   const int64_t tokens = q.shape[0], c = tokens / batch / 2;
   const int prev = (rank_ + cp_ - 1) % cp_, next = (rank_ + 1) % cp_;
-  MOP_CHECK(lse.dtype == adt_ && lse.numel() == 2 * batch * nq_ * c, "ring attention: lse ",
-            lse.shape_str());
-  Tensor lse_blocks = lse.view({2 * int64_t(batch), nq_, c});
   Tensor dq_acc = at(acc_off_, adt_, {tokens, nq_, dim_});
   Tensor part_dq = at(part_o_off_, cdt_, {c, nq_, dim_});
   Tensor part_dk = at(part_dk_off_, cdt_, {c, nkv_, dim_}), part_dv = at(part_dv_off_, cdt_, {c, nkv_, dim_});

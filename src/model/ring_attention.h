@@ -58,7 +58,8 @@ class RingAttention {
   Tensor packet_bytes(int p, int64_t tokens, bool kv, bool dkv) const;
   // acc += part (part in the compute dtype, acc in the acc dtype; same number of elements).
   void accumulate(Tensor acc, const Tensor& part);
-  void check(const Tensor& q, const Tensor& k, int batch, const char* op) const;
+  // Checks a call's shapes against the plan; returns lse as its blocks [2·batch, Nq, c].
+  Tensor check(const Tensor& q, const Tensor& k, const Tensor& lse, int batch, const char* op) const;
 
   Comm& comm_;
   Ops& ops_;

@@ -21,7 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include "catch.h"
-#include "data/prepare_data.h"
+#include "parallel/mpi_corpus.h"
 #include "model/ring_attention.h"
 #include "model/sequence_parallel.h"
 #include "ops/ops_test_util.h"
@@ -237,20 +237,8 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
   const int N = world_size(), me = world_rank();
   spdlog::set_level(spdlog::level::warn);  // six trainers' logs would drown the test output
   // One corpus at one path for all ranks (the configs must agree).
-  std::unique_ptr<test::TempDir> dir;
-  std::string root(512, '\0');
-  if (me == 0) {
-    dir = std::make_unique<test::TempDir>();
-    test::write_text(*dir / "corpus.txt", test::sample_corpus(40000));
-    PrepareDataOptions po;
-    po.inputs = {*dir / "corpus.txt"};
-    po.output = *dir / "corpus";
-    prepare_data(po);
-    root = dir->path.string();
-    root.resize(512, '\0');
-  }
-  MPI_Bcast(root.data(), 512, MPI_CHAR, 0, MPI_COMM_WORLD);
-  root = root.c_str();
+  const test::SharedCorpus corpus = test::shared_corpus(40000);
+  const std::string& root = corpus.root;
   // heads: "num_heads: …, num_kv_heads: …"; impl: parallel.attention.impl.
   const std::string kHeads = "num_heads: 8, num_kv_heads: 4";
   auto yaml = [&](int cp, int ep, const std::string& ckpt, const std::string& impl = "auto",

@@ -10,7 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "catch.h"
-#include "data/prepare_data.h"
+#include "parallel/mpi_corpus.h"
 #include "parallel/mpi_comm.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
@@ -28,20 +28,8 @@ TEST_CASE("trainer: optimizer state on the host, N ranks equal 1 rank", "[mpi]")
   MPI_Comm_size(MPI_COMM_WORLD, &N);
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   spdlog::set_level(spdlog::level::warn);
-  std::unique_ptr<test::TempDir> dir;
-  std::string root(512, '\0');
-  if (me == 0) {
-    dir = std::make_unique<test::TempDir>();
-    test::write_text(*dir / "corpus.txt", test::sample_corpus(30000));
-    PrepareDataOptions po;
-    po.inputs = {*dir / "corpus.txt"};
-    po.output = *dir / "corpus";
-    prepare_data(po);
-    root = dir->path.string();
-    root.resize(512, '\0');
-  }
-  MPI_Bcast(root.data(), 512, MPI_CHAR, 0, MPI_COMM_WORLD);
-  root = root.c_str();
+  const test::SharedCorpus corpus = test::shared_corpus(30000);
+  const std::string& root = corpus.root;
   auto yaml = [&](int ep, bool zero, const std::string& ckpt) {
     return "model: {vocab_size: 257, hidden_size: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2, "
            "head_dim: 8, init_std: 0.1}\n"
