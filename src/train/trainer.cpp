@@ -216,7 +216,8 @@ void Trainer::build() {
     for (int p = 0; p < int(layout_.params.size()); ++p) {
       int s = param_stage(layout_, p);
       stage_params_[size_t(s)].push_back(p);
-      if (!on_host.empty() && on_host[size_t(p)] && (owned.empty() || owned[size_t(p)])) stage_has_host_state_[size_t(s)] = true;
+      const bool host_update = !on_host.empty() && on_host[size_t(p)] && (owned.empty() || owned[size_t(p)]);
+      if (host_update) stage_has_host_state_[size_t(s)] = true;
     }
   }
   model_->set_hooks({[this](int stage) { optim_->weights_ready(stage); },
