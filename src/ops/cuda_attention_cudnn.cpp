@@ -1,6 +1,6 @@
-// cuDNN frontend graphs for GQA flash attention (see cuda_attention_cudnn.h): graph
-// construction per shape and mask, the build steps (validate → operation graph → heuristics → support
-// check → plan), and execution with a reused variant pack. Frontend failures become mop::Error
+// cuDNN frontend graphs for GQA flash attention (see cuda_attention_cudnn.h): graph construction
+// per shape and mask, the build steps (validate → operation graph → heuristics → support check →
+// plan), and execution with a reused variant pack. Frontend failures become mop::Error
 // (or UserError when cuDNN says the shape is not supported).
 #include "ops/cuda_attention_cudnn.h"
 

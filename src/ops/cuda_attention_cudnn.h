@@ -1,8 +1,8 @@
 // GQA flash attention (causal, or full for ring attention's blocks) through cuDNN's fused SDPA
 // (frontend graph API): one forward and one backward graph per shape and mask, built on first
-// request and cached with its workspace size. Tensors are
-// the op interface's BSHD rows ([T,heads,D] bf16, t = b·S + s) described to cuDNN as [B,H,S,D] with
-// strides; lse is cuDNN's fp32 Stats ([B,Nq,S], natural-log log-sum-exp of the scaled scores).
+// request and cached with its workspace size. Tensors are the op interface's BSHD rows
+// ([T,heads,D] bf16, t = b·S + s) described to cuDNN as [B,H,S,D] with strides; lse is cuDNN's
+// fp32 Stats ([B,Nq,S], natural-log log-sum-exp of the scaled scores).
 // Only this header's .cpp includes the (large) frontend headers.
 #pragma once
 
