@@ -16,17 +16,7 @@ namespace mop::cpu {
 // Device CPU, the given dtype and exactly the given shape; data set when there are elements.
 inline void expect(const Tensor& t, const char* name, DType dtype,
                    std::initializer_list<int64_t> dims) {
-  MOP_CHECK(t.device == Device::CPU, name, " is on ", device_name(t.device), ", expected cpu");
-  MOP_CHECK(t.dtype == dtype, name, " has dtype ", dtype_name(t.dtype), ", expected ",
-            dtype_name(dtype));
-  bool same = t.ndim == int(dims.size());
-  int i = 0;
-  for (int64_t d : dims) same = same && t.shape[i++] == d;
-  if (!same) {
-    Tensor want(nullptr, dtype, dims);
-    MOP_CHECK(false, name, " has shape ", t.shape_str(), ", expected ", want.shape_str());
-  }
-  MOP_CHECK(t.data != nullptr || t.numel() == 0, name, " has no data");
+  expect_tensor(t, name, Device::CPU, dtype, dims);
 }
 
 // The compute dtype of a run on the CPU: F32 or F64 (bf16 compute is the GPU backend's).

@@ -73,17 +73,7 @@ void reserve_workspace(AttentionState& st, size_t bytes, cudaStream_t stream) {
 
 void expect_device(const Tensor& t, const char* name, DType dtype,
                    std::initializer_list<int64_t> dims) {
-  MOP_CHECK(t.device == Device::CUDA, name, " is on ", device_name(t.device), ", expected cuda");
-  MOP_CHECK(t.dtype == dtype, name, " has dtype ", dtype_name(t.dtype), ", expected ",
-            dtype_name(dtype));
-  bool same = t.ndim == int(dims.size());
-  int i = 0;
-  for (int64_t d : dims) same = same && t.shape[i++] == d;
-  if (!same) {
-    Tensor want(nullptr, dtype, dims);
-    MOP_CHECK(false, name, " has shape ", t.shape_str(), ", expected ", want.shape_str());
-  }
-  MOP_CHECK(t.data != nullptr || t.numel() == 0, name, " has no data");
+  expect_tensor(t, name, Device::CUDA, dtype, dims);
 }
 
 // The shape of a call, with the preconditions every attention op shares (ops.h): q [T,Nq,D],

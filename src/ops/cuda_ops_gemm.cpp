@@ -54,17 +54,7 @@ GroupedPath requested_grouped_path() {
 // Device tensor of the given dtype and exactly the given shape.
 void expect_cuda(const Tensor& t, const char* name, DType dtype,
                  std::initializer_list<int64_t> dims) {
-  MOP_CHECK(t.device == Device::CUDA, name, " is on ", device_name(t.device), ", expected cuda");
-  MOP_CHECK(t.dtype == dtype, name, " has dtype ", dtype_name(t.dtype), ", expected ",
-            dtype_name(dtype));
-  bool same = t.ndim == int(dims.size());
-  int i = 0;
-  for (int64_t d : dims) same = same && t.shape[i++] == d;
-  if (!same) {
-    Tensor want(nullptr, dtype, dims);
-    MOP_CHECK(false, name, " has shape ", t.shape_str(), ", expected ", want.shape_str());
-  }
-  MOP_CHECK(t.data != nullptr || t.numel() == 0, name, " has no data");
+  expect_tensor(t, name, Device::CUDA, dtype, dims);
 }
 
 bool overlap(const Tensor& x, const Tensor& y) {

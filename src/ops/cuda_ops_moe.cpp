@@ -46,18 +46,7 @@ MoeState& state(std::unique_ptr<MoeState, MoeStateDeleter>& moe) {
 // dtype, exact shape, data present; on the device unless host_ok.
 void expect(const Tensor& t, const char* name, DType dtype, std::initializer_list<int64_t> dims,
             bool host_ok = false) {
-  MOP_CHECK(t.device == Device::CUDA || host_ok, name, " is on ", device_name(t.device),
-            ", expected cuda");
-  MOP_CHECK(t.dtype == dtype, name, " has dtype ", dtype_name(t.dtype), ", expected ",
-            dtype_name(dtype));
-  bool same = t.ndim == int(dims.size());
-  int i = 0;
-  for (int64_t d : dims) same = same && t.shape[i++] == d;
-  if (!same) {
-    Tensor want(nullptr, dtype, dims);
-    MOP_CHECK(false, name, " has shape ", t.shape_str(), ", expected ", want.shape_str());
-  }
-  MOP_CHECK(t.data != nullptr || t.numel() == 0, name, " has no data");
+  expect_tensor(t, name, host_ok ? std::nullopt : std::optional<Device>(Device::CUDA), dtype, dims);
 }
 
 void check_int(int64_t v, const char* what) {

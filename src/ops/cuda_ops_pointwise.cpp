@@ -147,16 +147,7 @@ void expect_device(const Tensor& t, const char* name) {
 
 // On the device, the given dtype and exactly the given shape.
 void expect(const Tensor& t, const char* name, DType dtype, std::initializer_list<int64_t> dims) {
-  expect_device(t, name);
-  MOP_CHECK(t.dtype == dtype, name, " has dtype ", dtype_name(t.dtype), ", expected ",
-            dtype_name(dtype));
-  bool same = t.ndim == int(dims.size());
-  int i = 0;
-  for (int64_t d : dims) same = same && t.shape[i++] == d;
-  if (!same) {
-    Tensor want(nullptr, dtype, dims);
-    MOP_CHECK(false, name, " has shape ", t.shape_str(), ", expected ", want.shape_str());
-  }
+  expect_tensor(t, name, Device::CUDA, dtype, dims);
 }
 
 bf16_t* bf16_ptr(const Tensor& t) {

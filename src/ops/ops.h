@@ -14,11 +14,19 @@
 //   add up without extra copies.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
+#include <optional>
 
 #include "core/tensor.h"
 
 namespace mop {
+
+// The argument check the backends share: `t` is on `device` (any device when nullopt), has
+// `dtype` and exactly the shape `dims`, and has data when it has elements; otherwise an error
+// naming `name` and what was expected.
+void expect_tensor(const Tensor& t, const char* name, std::optional<Device> device, DType dtype,
+                   std::initializer_list<int64_t> dims);
 
 struct AdamWArgs {
   float lr = 0;

@@ -7,21 +7,11 @@
 #include <string>
 
 #include "core/cuda_check.h"
+#include "parallel/mpi_check.h"
 #include "parallel/nccl_check.h"
 
 namespace mop {
 namespace {
-
-#define MOP_NCCL_MPI_CHECK(call)                                      \
-  do {                                                                \
-    int mpi_rc_ = (call);                                             \
-    if (mpi_rc_ != MPI_SUCCESS) {                                     \
-      char msg_[MPI_MAX_ERROR_STRING];                                \
-      int len_ = 0;                                                   \
-      MPI_Error_string(mpi_rc_, msg_, &len_);                         \
-      MOP_CHECK(false, #call, ": ", std::string(msg_, size_t(len_))); \
-    }                                                                 \
-  } while (0)
 
 ncclDataType_t nccl_sum_type(DType t) {
   switch (t) {
@@ -63,15 +53,15 @@ class NcclComm final : public Comm {
       MPI_Finalized(&finalized);
       MOP_CHECK(initialized && !finalized,
                 "make_nccl_comm needs MPI initialised (or MPI_COMM_NULL for a group of one)");
-      MOP_NCCL_MPI_CHECK(MPI_Comm_rank(group_, &rank_));
-      MOP_NCCL_MPI_CHECK(MPI_Comm_size(group_, &size_));
+      MOP_MPI_CHECK(MPI_Comm_rank(group_, &rank_));
+      MOP_MPI_CHECK(MPI_Comm_size(group_, &size_));
     }
     ncclUniqueId id{};
     if (rank_ == 0) MOP_NCCL_CHECK(ncclGetUniqueId(&id));
     // If rank 0 failed above it throws, and the job's abort path (World::abort) ends the ranks
     // waiting here; a timeout would only add a second message.
     if (group_ != MPI_COMM_NULL)
-      MOP_NCCL_MPI_CHECK(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, group_));
+      MOP_MPI_CHECK(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, group_));
     MOP_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
   }
 
@@ -192,13 +182,13 @@ class NcclComm final : public Comm {
     ncclResult_t async = ncclSuccess;
     MOP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
     MOP_NCCL_CHECK(async);
-    if (group_ != MPI_COMM_NULL) MOP_NCCL_MPI_CHECK(MPI_Barrier(group_));
+    if (group_ != MPI_COMM_NULL) MOP_MPI_CHECK(MPI_Barrier(group_));
   }
 
   void all_reduce_host(double* values, int n, Op op) override {
     if (group_ == MPI_COMM_NULL) return;
     MPI_Op mpi_op = op == Op::Sum ? MPI_SUM : op == Op::Max ? MPI_MAX : MPI_MIN;
-    MOP_NCCL_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mpi_op, group_));
+    MOP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mpi_op, group_));
   }
 
  private:

@@ -5,19 +5,10 @@
 #include <climits>
 #include <string>
 
+#include "parallel/mpi_check.h"
+
 namespace mop {
 namespace {
-
-#define MOP_MPI_CHECK(call)                                                 \
-  do {                                                                      \
-    int mpi_rc_ = (call);                                                   \
-    if (mpi_rc_ != MPI_SUCCESS) {                                           \
-      char msg_[MPI_MAX_ERROR_STRING];                                      \
-      int len_ = 0;                                                         \
-      MPI_Error_string(mpi_rc_, msg_, &len_);                               \
-      MOP_CHECK(false, #call, ": ", std::string(msg_, size_t(len_)));       \
-    }                                                                       \
-  } while (0)
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
