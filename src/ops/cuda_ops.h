@@ -119,4 +119,8 @@ class CudaOps final : public Ops {
   std::unique_ptr<PointwiseState, PointwiseStateDeleter> pointwise_;
 };
 
+// The CUDA backend behind `ops` (itself, or the one a TimedOps wraps); fails naming `who` when
+// there is none.
+CudaOps& cuda_backend(Ops& ops, const char* who);
+
 }  // namespace mop

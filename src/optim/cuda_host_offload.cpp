@@ -14,7 +14,6 @@
 #include "core/cuda_check.h"
 #include "core/thread_pool.h"
 #include "ops/cuda_ops.h"
-#include "ops/timed_ops.h"
 #include "optim/host_adamw.h"
 #include "optim/host_offload.h"
 
@@ -214,11 +213,8 @@ class CudaHostOffload final : public HostOffload {
 
 std::unique_ptr<HostOffload> make_cuda_host_offload(Ops& ops, std::vector<HostParam> params,
                                                     int threads) {
-  Ops* backend = &ops;
-  if (auto* timed = dynamic_cast<TimedOps*>(backend)) backend = &timed->inner();
-  auto* cuda = dynamic_cast<CudaOps*>(backend);
-  MOP_CHECK(cuda, "the GPU host optimizer needs the CUDA backend");
-  return std::make_unique<CudaHostOffload>(*cuda, std::move(params), threads);
+  return std::make_unique<CudaHostOffload>(cuda_backend(ops, "the GPU host optimizer"),
+                                           std::move(params), threads);
 }
 
 }  // namespace mop

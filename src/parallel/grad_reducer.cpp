@@ -8,7 +8,6 @@
 
 #include "core/cuda_check.h"
 #include "ops/cuda_ops.h"
-#include "ops/timed_ops.h"
 #endif
 
 namespace mop {
@@ -17,11 +16,7 @@ GradReducer::GradReducer(ParallelGroups& groups, Ops& ops)
     : dense_(groups.world_data.get()), expert_(groups.edp_data.get()) {
 #ifdef MOP_HAVE_CUDA
   if (groups.grad_stream && groups.world_grad && groups.edp_grad) {
-    Ops* backend = &ops;
-    if (auto* timed = dynamic_cast<TimedOps*>(backend)) backend = &timed->inner();
-    auto* cuda = dynamic_cast<CudaOps*>(backend);
-    MOP_CHECK(cuda, "a side stream for gradient sums needs the CUDA backend");
-    compute_ = cuda->stream();
+    compute_ = cuda_backend(ops, "a side stream for gradient sums").stream();
     side_ = groups.grad_stream;
     dense_ = groups.world_grad.get(), expert_ = groups.edp_grad.get();
     cudaEvent_t a, b;

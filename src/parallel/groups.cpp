@@ -11,7 +11,6 @@
 
 #include "core/cuda_check.h"
 #include "ops/cuda_ops.h"
-#include "ops/timed_ops.h"
 #include "parallel/cuda_nccl_comm.h"
 #endif
 
@@ -24,11 +23,7 @@ namespace {
 std::unique_ptr<Comm> data_comm(MPI_Comm comm, Ops& ops) {
   if (ops.device() == Device::CPU) return make_mpi_comm(comm);
 #ifdef MOP_HAVE_CUDA
-  Ops* backend = &ops;
-  if (auto* timed = dynamic_cast<TimedOps*>(backend)) backend = &timed->inner();
-  auto* cuda = dynamic_cast<CudaOps*>(backend);
-  MOP_CHECK(cuda, "GPU groups need the CUDA backend");
-  return make_nccl_comm(comm, cuda->stream());
+  return make_nccl_comm(comm, cuda_backend(ops, "building GPU groups").stream());
 #else
   MOP_UNREACHABLE("GPU ops in a CPU-only build");
 #endif
