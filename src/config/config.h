@@ -48,6 +48,9 @@ struct AttentionFold {
 struct MoeFold {
   int64_t ep = 1;
   int64_t dp = 1;
+  // ep > 1: the rank's experts run in this many chunks, each chunk's token exchange overlapping
+  // with another chunk's experts on the GPU (at most the rank's expert count).
+  int64_t chunks = 2;
 };
 
 struct ParallelConfig {

@@ -111,9 +111,10 @@ void Transformer::allocate() {
   }
   if (ep_ > 1)
     for (size_t set = 0; set < acts_.size(); ++set)
-      dispatch_.push_back(std::make_unique<ExpertDispatcher>(*opt_.groups->ep_data, *opt_.groups->ep_host,
-                                                             ops_, d_.experts, int64_t(opt_.max_batch) *
-                                                                 opt_.max_seq * d_.top_k * ep_));
+      dispatch_.push_back(std::make_unique<ExpertDispatcher>(
+          *opt_.groups->ep_data, *opt_.groups->ep_host, ops_, d_.experts,
+          int64_t(opt_.max_batch) * opt_.max_seq * d_.top_k * ep_, opt_.moe_chunks,
+          opt_.groups->ep_dispatch.get(), opt_.groups->ep_combine.get()));
   OpShapes shapes;
   shapes.max_tokens = int64_t(opt_.max_batch) * opt_.max_seq;
   if (ring_) {  // c×c blocks of one sequence, all heads, causal and full
@@ -160,6 +161,30 @@ void Transformer::ffn_bwd(int gate_up, int down, int gu_slot, int h_slot, Tensor
   ops_.gemm(G(gate_up), dgu, true, x, false, 1, 1);
 }
 
+// Experts [k.e0, k.e1) on rows [k.row0, k.row0 + k.rows) of the local expert-major layout: x, y
+// (and the layer's gu, h) hold every local row; the weights are sliced to the chunk's experts.
+void Transformer::experts_fwd(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
+                              const Tensor& x, Tensor y) {
+  const int64_t r0 = k.row0, r1 = k.row0 + k.rows;
+  Tensor gu = arena_.tensor(a.gu).rows(r0, r1), h = arena_.tensor(a.h).rows(r0, r1);
+  ops_.grouped_gemm_fwd(gu, x.rows(r0, r1), W(P.experts_gate_up).rows(k.e0, k.e1), k.offsets);
+  ops_.swiglu_fwd(h, gu);
+  ops_.grouped_gemm_fwd(y.rows(r0, r1), h, W(P.experts_down).rows(k.e0, k.e1), k.offsets);
+}
+
+void Transformer::experts_bwd(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
+                              const Tensor& x, const Tensor& dy, Tensor dx) {
+  const int64_t r0 = k.row0, r1 = k.row0 + k.rows;
+  Tensor gu = arena_.tensor(a.gu).rows(r0, r1), h = arena_.tensor(a.h).rows(r0, r1);
+  Tensor dh = arena_.tensor(s_.dh).rows(r0, r1), dgu = arena_.tensor(s_.dgu).rows(r0, r1);
+  Tensor dyk = dy.rows(r0, r1), xk = x.rows(r0, r1);
+  ops_.grouped_gemm_bwd_data(dh, dyk, W(P.experts_down).rows(k.e0, k.e1), k.offsets);
+  ops_.grouped_gemm_bwd_weight(G(P.experts_down).rows(k.e0, k.e1), dyk, h, k.offsets);
+  ops_.swiglu_bwd(dgu, dh, gu);
+  ops_.grouped_gemm_bwd_data(dx.rows(r0, r1), dgu, W(P.experts_gate_up).rows(k.e0, k.e1), k.offsets);
+  ops_.grouped_gemm_bwd_weight(G(P.experts_gate_up).rows(k.e0, k.e1), dgu, xk, k.offsets);
+}
+
 void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor losses,
                           float aux_scale) {
   const LayerParams& P = layout_.layers[l];
@@ -190,24 +215,19 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
   Tensor xp = act(a.xp, TK), yp = act(a.yp, TK);
   ops_.moe_permute_fwd(xp, ln2, perm_src);
   // Experts: this rank's, on rows from every rank of the ep group (ep = 1: all, locally).
-  Tensor xpl = xp, ypl = yp, local_offsets = offsets_host;
-  int64_t rows = TK;
   if (ep_ > 1) {
-    ExpertDispatcher& disp = *dispatch_[&a - acts_.data()];
+    ExpertDispatcher& disp = *dispatch_[size_t(&a - acts_.data())];
     std::vector<int32_t> per_expert(size_t(d_.experts));
     const int32_t* off = offsets_host.ptr<int32_t>();
     for (int64_t e = 0; e < d_.experts; ++e) per_expert[size_t(e)] = off[e + 1] - off[e];
     disp.plan(per_expert.data());
-    rows = disp.rows_in();
-    local_offsets = disp.local_offsets();
-    xpl = act(a.xp_local, rows), ypl = act(a.yp_local, rows);
-    disp.dispatch(xpl, xp, arena_.tensor(s_.dispatch_scratch));
+    const int64_t rows = disp.rows_in();
+    Tensor xpl = act(a.xp_local, rows), ypl = act(a.yp_local, rows);
+    disp.run(xp, yp, xpl, ypl, arena_.tensor(s_.dispatch_scratch),
+             [&](const ExpertDispatcher::Chunk& k) { experts_fwd(P, a, k, xpl, ypl); });
+  } else {
+    experts_fwd(P, a, {0, 0, d_.experts_local, 0, TK, offsets_host}, xp, yp);
   }
-  Tensor gu = act(a.gu, rows), h = act(a.h, rows);
-  ops_.grouped_gemm_fwd(gu, xpl, W(P.experts_gate_up), local_offsets);
-  ops_.swiglu_fwd(h, gu);
-  ops_.grouped_gemm_fwd(ypl, h, W(P.experts_down), local_offsets);
-  if (ep_ > 1) dispatch_[&a - acts_.data()]->combine(yp, ypl, arena_.tensor(s_.dispatch_scratch));
   ops_.moe_unpermute_fwd(x_out, yp, slot_of, topk_w, /*accumulate=*/true);
   if (d_.shared_ffn) ffn_fwd(P.shared_gate_up, P.shared_down, a.shared_gu, a.shared_h, ln2, x_out, T);
 }
@@ -218,22 +238,16 @@ void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln
   Tensor ln2 = act(a.ln2, T), slot_of = act(a.slot_of, TK), topk_w = act(a.topk_w, T);
   Tensor yp = act(a.yp, TK), dyp = act(s_.dyp, TK), dxp = act(s_.dxp, TK), dtopk_w = act(s_.dtopk_w, T);
   ops_.moe_unpermute_bwd(dyp, dtopk_w, dx, yp, slot_of, topk_w);
-  Tensor dypl = dyp, dxpl = dxp, xpl = act(a.xp, TK), local_offsets = host_arena_.tensor(a.offsets_host);
-  int64_t rows = TK;
-  ExpertDispatcher* disp = ep_ > 1 ? dispatch_[&a - acts_.data()].get() : nullptr;
-  if (disp) {  // the forward's plan: the same rows travel back the other way
-    rows = disp->rows_in();
-    local_offsets = disp->local_offsets();
-    dypl = act(s_.dyp_local, rows), dxpl = act(s_.dxp_local, rows), xpl = act(a.xp_local, rows);
-    disp->dispatch(dypl, dyp, arena_.tensor(s_.dispatch_scratch));
+  if (ep_ > 1) {  // the forward's plan: the same rows travel back the other way
+    ExpertDispatcher& disp = *dispatch_[size_t(&a - acts_.data())];
+    const int64_t rows = disp.rows_in();
+    Tensor dypl = act(s_.dyp_local, rows), dxpl = act(s_.dxp_local, rows), xpl = act(a.xp_local, rows);
+    disp.run(dyp, dxp, dypl, dxpl, arena_.tensor(s_.dispatch_scratch),
+             [&](const ExpertDispatcher::Chunk& k) { experts_bwd(P, a, k, xpl, dypl, dxpl); });
+  } else {
+    experts_bwd(P, a, {0, 0, d_.experts_local, 0, TK, host_arena_.tensor(a.offsets_host)},
+                act(a.xp, TK), dyp, dxp);
   }
-  Tensor gu = act(a.gu, rows), h = act(a.h, rows), dh = act(s_.dh, rows), dgu = act(s_.dgu, rows);
-  ops_.grouped_gemm_bwd_data(dh, dypl, W(P.experts_down), local_offsets);
-  ops_.grouped_gemm_bwd_weight(G(P.experts_down), dypl, h, local_offsets);
-  ops_.swiglu_bwd(dgu, dh, gu);
-  ops_.grouped_gemm_bwd_data(dxpl, dgu, W(P.experts_gate_up), local_offsets);
-  ops_.grouped_gemm_bwd_weight(G(P.experts_gate_up), dgu, xpl, local_offsets);
-  if (disp) disp->combine(dxp, dxpl, arena_.tensor(s_.dispatch_scratch));
   ops_.moe_permute_bwd(dln, dxp, slot_of, int(K), /*accumulate=*/false);
   // Router: through the combine weights, the load-balancing loss and the z-loss (over the cp
   // group's T·cp tokens, as in the forward).

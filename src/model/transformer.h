@@ -50,6 +50,8 @@ struct TransformerOptions {
   ParallelGroups* groups = nullptr;
   // parallel.attention.impl: auto | ulysses | ring (cp > 1; see use_ring_attention).
   std::string attention_impl = "auto";
+  // parallel.moe.chunks: ep > 1, the chunks the expert exchange is overlapped in (expert_dispatch.h).
+  int moe_chunks = 1;
 };
 
 class Transformer {
@@ -105,6 +107,10 @@ class Transformer {
                  float aux_scale);
   void layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, Tensor dx, float aux_scale);
   void moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor losses, float aux_scale);
+  void experts_fwd(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
+                   const Tensor& x, Tensor y);
+  void experts_bwd(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
+                   const Tensor& x, const Tensor& dy, Tensor dx);
   void moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln, float aux_scale);
   void ffn_fwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor x_out, int64_t T);
   void ffn_bwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor dy, Tensor dx,

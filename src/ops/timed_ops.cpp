@@ -63,6 +63,7 @@ struct TimedOps::Clock {
   double trace_t0 = 0;  // host steady-clock seconds at start_trace
   std::vector<TraceEvent> trace;
   const char* current_call = "";
+  bool open = false;  // between begin() and end()
   OpCategory current = OpCategory::Other;
   StepPhase current_phase = StepPhase::Forward;
   std::chrono::steady_clock::time_point t0;
@@ -116,6 +117,10 @@ TimedOps::TimedOps(std::unique_ptr<Ops> inner) : inner_(std::move(inner)), clock
 TimedOps::~TimedOps() = default;
 
 void TimedOps::begin(OpCategory c, const char* call) {
+  // Intervals do not nest: an op or collective issued inside another would be counted twice (and
+  // on the GPU would leave an event pair half recorded).
+  MOP_CHECK(!clock_->open, "TimedOps: ", call, " begins inside ", clock_->current_call);
+  clock_->open = true;
   if (forced_ >= 0 && c != OpCategory::Communication) c = OpCategory(forced_);
   clock_->current_call = call;
 #ifdef MOP_HAVE_CUDA
@@ -134,6 +139,7 @@ void TimedOps::begin(OpCategory c, const char* call) {
 }
 
 void TimedOps::end() {
+  clock_->open = false;
 #ifdef MOP_HAVE_CUDA
   if (clock_->stream) {
     MOP_CUDA_CHECK(cudaEventRecord(clock_->events[2 * clock_->used + 1], clock_->stream));

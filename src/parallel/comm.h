@@ -1,6 +1,9 @@
 // Comm: the collectives the trainer needs, over one group of ranks. Implementations: SelfComm
 // (one rank, no MPI), MpiComm (host buffers over MPI; lets CI run multi-rank tests on CPU ranks),
-// and later NcclComm (device buffers). Every call is collective over the group (send_recv: over the ranks it pairs) and blocking.
+// and NcclComm (device buffers, cuda_nccl_comm.h). Every call is collective over the group
+// (send_recv: over the ranks it pairs). MPI and self comms block; NCCL comms enqueue on a stream,
+// either the compute stream (ordered with the kernels around them) or their own (asynchronous:
+// join() makes the compute stream wait for them).
 #pragma once
 
 #include <cstdint>
@@ -28,8 +31,15 @@ class Comm {
   // Variable all-to-all over rows: send_counts[r] rows of `in` (consecutive, in rank order) go to
   // rank r; recv_counts[r] rows arrive from rank r into `out` in rank order. Rows have the same
   // width on every rank.
-  virtual void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts, const Tensor& in,
-                            const std::vector<int64_t>& send_counts) = 0;
+  void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts, const Tensor& in,
+                    const std::vector<int64_t>& send_counts);
+  // The same with each rank's rows at a given row: send_counts[r] rows of `in` from row
+  // send_offsets[r] go to rank r, recv_counts[r] rows from rank r land at row recv_offsets[r] of
+  // `out`. The spans may come in any order and leave gaps; received spans must not overlap.
+  virtual void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts,
+                            const std::vector<int64_t>& recv_offsets, const Tensor& in,
+                            const std::vector<int64_t>& send_counts,
+                            const std::vector<int64_t>& send_offsets) = 0;
   // Point-to-point shift (a ring step): sends `in` to rank `dst` and receives `out` (the same
   // number of bytes) from rank `src`, both at once, so every rank of a ring can call it together.
   virtual void send_recv(Tensor out, int src, const Tensor& in, int dst) = 0;
@@ -46,6 +56,17 @@ class Comm {
   }
   // True on every rank when every rank passed the same string (e.g. the resolved config).
   bool all_equal(const std::string& s);
+  // The compute stream waits for the collectives issued so far. Only asynchronous comms (NCCL on
+  // their own stream) have anything to do; the others finish within each call.
+  virtual void join() {}
+
+ protected:
+  // Checks the arguments of all_to_all_v (one count and offset per rank, spans inside the
+  // buffers, received spans disjoint, same row width); returns the bytes of one row.
+  size_t check_all_to_all(const Tensor& out, const std::vector<int64_t>& recv_counts,
+                          const std::vector<int64_t>& recv_offsets, const Tensor& in,
+                          const std::vector<int64_t>& send_counts,
+                          const std::vector<int64_t>& send_offsets) const;
 };
 
 std::unique_ptr<Comm> make_self_comm();

@@ -32,21 +32,14 @@ ncclDataType_t nccl_sum_type(DType t) {
   return ncclFloat32;
 }
 
-int64_t num_rows(const Tensor& t) {
-  return t.ndim ? t.shape[0] : 1;
-}
-
-// Bytes per row from the shape, also for a tensor of zero rows (a rank that receives nothing),
-// where Tensor::row_numel() reads 0.
-size_t row_bytes_of(const Tensor& t) {
-  int64_t n = 1;
-  for (int d = 1; d < t.ndim; ++d) n *= t.shape[d];
-  return size_t(n) * dtype_size(t.dtype);
-}
-
 class NcclComm final : public Comm {
  public:
-  NcclComm(MPI_Comm group, cudaStream_t stream) : group_(group), stream_(stream) {
+  NcclComm(MPI_Comm group, cudaStream_t stream, cudaStream_t follow)
+      : group_(group), stream_(stream), follow_(follow == stream ? nullptr : follow) {
+    if (follow_) {
+      MOP_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+      MOP_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    }
     if (group_ != MPI_COMM_NULL) {
       int initialized = 0, finalized = 0;
       MPI_Initialized(&initialized);
@@ -76,6 +69,8 @@ class NcclComm final : public Comm {
       ncclCommAbort(comm_);
     else
       ncclCommDestroy(comm_);
+    if (ready_) cudaEventDestroy(ready_);
+    if (done_) cudaEventDestroy(done_);
   }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -88,7 +83,9 @@ class NcclComm final : public Comm {
     device(x);
     ncclDataType_t type = nccl_sum_type(x.dtype);
     if (x.numel() == 0) return;  // same size on every rank, so every rank skips
+    begin();
     MOP_NCCL_CHECK(ncclAllReduce(x.data, x.data, size_t(x.numel()), type, ncclSum, comm_, stream_));
+    end();
   }
 
   void all_gather(Tensor out, const Tensor& in) override {
@@ -96,7 +93,9 @@ class NcclComm final : public Comm {
     MOP_CHECK(out.bytes() == in.bytes() * size_t(size_) && out.dtype == in.dtype,
               "all_gather sizes: out ", out.shape_str(), ", in ", in.shape_str(), " × ", size_);
     if (in.bytes() == 0) return;
+    begin();
     MOP_NCCL_CHECK(ncclAllGather(in.data, out.data, in.bytes(), ncclUint8, comm_, stream_));
+    end();
   }
 
   void reduce_scatter_sum(Tensor out, const Tensor& in) override {
@@ -105,52 +104,50 @@ class NcclComm final : public Comm {
               "reduce_scatter sizes: out ", out.shape_str(), " × ", size_, ", in ", in.shape_str());
     ncclDataType_t type = nccl_sum_type(in.dtype);
     if (out.numel() == 0) return;
+    begin();
     MOP_NCCL_CHECK(
         ncclReduceScatter(in.data, out.data, size_t(out.numel()), type, ncclSum, comm_, stream_));
+    end();
   }
 
-  void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts, const Tensor& in,
-                    const std::vector<int64_t>& send_counts) override {
+  using Comm::all_to_all_v;
+  void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts,
+                    const std::vector<int64_t>& recv_offsets, const Tensor& in,
+                    const std::vector<int64_t>& send_counts,
+                    const std::vector<int64_t>& send_offsets) override {
     device(out), device(in);
-    MOP_CHECK(int(recv_counts.size()) == size_ && int(send_counts.size()) == size_,
-              "all_to_all_v needs one count per rank");
     // Rows move as bytes: any dtype, the same width on both sides.
-    const size_t row_bytes = row_bytes_of(in);
-    MOP_CHECK(row_bytes_of(out) == row_bytes, "all_to_all_v row widths differ: in ", in.shape_str(),
-              " ", dtype_name(in.dtype), ", out ", out.shape_str(), " ", dtype_name(out.dtype));
-    int64_t num_send = 0, num_recv = 0;
-    for (int r = 0; r < size_; ++r) {
-      MOP_CHECK(send_counts[r] >= 0 && recv_counts[r] >= 0, "negative count for rank ", r);
-      num_send += send_counts[r], num_recv += recv_counts[r];
-    }
-    MOP_CHECK(num_send <= num_rows(in) && num_recv <= num_rows(out),
-              "all_to_all_v counts exceed the buffers: send ", num_send, " of ", num_rows(in),
-              " rows, receive ", num_recv, " of ", num_rows(out));
+    const size_t row_bytes =
+        check_all_to_all(out, recv_counts, recv_offsets, in, send_counts, send_offsets);
     // Sends and receives of one group run concurrently: an aliased buffer would be overwritten
     // while it is still being read.
+    int64_t num_send = 0, num_recv = 0;
+    for (int r = 0; r < size_; ++r) num_send += send_counts[r], num_recv += recv_counts[r];
     MOP_CHECK(num_send == 0 || num_recv == 0 || in.data != out.data,
               "all_to_all_v cannot run in place");
     const char* src = static_cast<const char*>(in.data);
     char* dst = static_cast<char*>(out.data);
+    begin();
     // Every pair, this rank's own included (NCCL copies to self inside the group), so one rank
     // runs the same path as many. Peers with zero rows are skipped on both sides, which is
     // consistent because the counts agree (rank s's send_counts[d] is rank d's recv_counts[s]).
     ncclResult_t first_send_recv_error = ncclSuccess;
     MOP_NCCL_CHECK(ncclGroupStart());
-    size_t send_off = 0, recv_off = 0;
     for (int r = 0; r < size_ && first_send_recv_error == ncclSuccess; ++r) {
       size_t send_bytes = size_t(send_counts[r]) * row_bytes;
       size_t recv_bytes = size_t(recv_counts[r]) * row_bytes;
       if (send_bytes)
-        first_send_recv_error = ncclSend(src + send_off, send_bytes, ncclUint8, r, comm_, stream_);
+        first_send_recv_error = ncclSend(src + size_t(send_offsets[r]) * row_bytes, send_bytes,
+                                         ncclUint8, r, comm_, stream_);
       if (recv_bytes && first_send_recv_error == ncclSuccess)
-        first_send_recv_error = ncclRecv(dst + recv_off, recv_bytes, ncclUint8, r, comm_, stream_);
-      send_off += send_bytes, recv_off += recv_bytes;
+        first_send_recv_error = ncclRecv(dst + size_t(recv_offsets[r]) * row_bytes, recv_bytes,
+                                         ncclUint8, r, comm_, stream_);
     }
     // The group is closed even when an enqueue failed, so NCCL's group depth stays balanced.
     ncclResult_t group_end = ncclGroupEnd();
     MOP_NCCL_CHECK(first_send_recv_error);
     MOP_NCCL_CHECK(group_end);
+    end();
   }
 
   void send_recv(Tensor out, int src, const Tensor& in, int dst) override {
@@ -160,6 +157,7 @@ class NcclComm final : public Comm {
               " of ", size_, " ranks");
     MOP_CHECK(in.bytes() == 0 || in.data != out.data, "send_recv cannot run in place");
     if (in.bytes() == 0) return;
+    begin();
     ncclResult_t first = ncclSuccess;
     MOP_NCCL_CHECK(ncclGroupStart());
     first = ncclSend(in.data, in.bytes(), ncclUint8, dst, comm_, stream_);
@@ -167,13 +165,16 @@ class NcclComm final : public Comm {
     ncclResult_t group_end = ncclGroupEnd();
     MOP_NCCL_CHECK(first);
     MOP_NCCL_CHECK(group_end);
+    end();
   }
 
   void broadcast(Tensor x, int root) override {
     device(x);
     MOP_CHECK(root >= 0 && root < size_, "broadcast root ", root, " of ", size_, " ranks");
     if (x.bytes() == 0) return;
+    begin();
     MOP_NCCL_CHECK(ncclBroadcast(x.data, x.data, x.bytes(), ncclUint8, root, comm_, stream_));
+    end();
   }
 
   void barrier() override {
@@ -183,6 +184,10 @@ class NcclComm final : public Comm {
     MOP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
     MOP_NCCL_CHECK(async);
     if (group_ != MPI_COMM_NULL) MOP_MPI_CHECK(MPI_Barrier(group_));
+  }
+
+  void join() override {
+    if (follow_) MOP_CUDA_CHECK(cudaStreamWaitEvent(follow_, done_, 0));
   }
 
   void all_reduce_host(double* values, int n, Op op) override {
@@ -195,16 +200,28 @@ class NcclComm final : public Comm {
   static void device(const Tensor& t) {
     MOP_CHECK(t.device == Device::CUDA, "NcclComm moves device buffers only");
   }
+  // Asynchronous comms: a collective starts after the work issued so far on the followed stream
+  // (its inputs are written there) and marks its end for join().
+  void begin() {
+    if (!follow_) return;
+    MOP_CUDA_CHECK(cudaEventRecord(ready_, follow_));
+    MOP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+  }
+  void end() {
+    if (follow_) MOP_CUDA_CHECK(cudaEventRecord(done_, stream_));
+  }
   MPI_Comm group_;
   cudaStream_t stream_;
+  cudaStream_t follow_;                          // null: collectives run on the compute stream
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;  // asynchronous comms only
   ncclComm_t comm_ = nullptr;
   int rank_ = 0, size_ = 1;
 };
 
 }  // namespace
 
-std::unique_ptr<Comm> make_nccl_comm(MPI_Comm group, cudaStream_t stream) {
-  return std::make_unique<NcclComm>(group, stream);
+std::unique_ptr<Comm> make_nccl_comm(MPI_Comm group, cudaStream_t stream, cudaStream_t follow) {
+  return std::make_unique<NcclComm>(group, stream, follow);
 }
 
 }  // namespace mop

@@ -25,6 +25,12 @@ namespace mop {
 //   barrier                             waits for this rank's stream, checks the communicator for
 //                                       asynchronous errors, then MPI_Barrier;
 //   all_reduce_host                     host doubles through MPI (no device work, no stream sync).
-std::unique_ptr<Comm> make_nccl_comm(MPI_Comm group, cudaStream_t stream);
+//
+// Asynchronous comm: with `follow` (the compute stream) given and different from `stream`, every
+// device collective first waits for the work issued on `follow` so far, then runs on `stream`
+// alongside the compute that follows; join() makes `follow` wait for the collectives issued so
+// far. The caller keeps the buffers of a collective untouched until it has joined.
+std::unique_ptr<Comm> make_nccl_comm(MPI_Comm group, cudaStream_t stream,
+                                     cudaStream_t follow = nullptr);
 
 }  // namespace mop

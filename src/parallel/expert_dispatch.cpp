@@ -1,6 +1,8 @@
 // ExpertDispatcher (see expert_dispatch.h).
 #include "parallel/expert_dispatch.h"
 
+#include <algorithm>
+
 namespace mop {
 
 namespace {
@@ -9,9 +11,11 @@ MemKind dev_kind(Ops& ops) { return ops.device() == Device::CUDA ? MemKind::Devi
 }  // namespace
 
 ExpertDispatcher::ExpertDispatcher(Comm& data, Comm& host, Ops& ops, int64_t num_experts,
-                                   int64_t max_rows_in)
+                                   int64_t max_rows_in, int chunks, Comm* dispatch, Comm* combine)
     : data_(data),
       host_(host),
+      dispatch_(dispatch),
+      combine_(combine),
       ops_(ops),
       size_(host.size()),
       rank_(host.rank()),
@@ -19,55 +23,52 @@ ExpertDispatcher::ExpertDispatcher(Comm& data, Comm& host, Ops& ops, int64_t num
       local_experts_(num_experts / host.size()),
       max_rows_in_(max_rows_in) {
   MOP_CHECK(num_experts % size_ == 0, "experts ", num_experts, " over ", size_, " ranks");
-  send_rows_.assign(size_, 0);
-  recv_rows_.assign(size_, 0);
+  MOP_CHECK(chunks >= 1, "expert chunks: ", chunks);
+  chunks_ = int(std::min<int64_t>(chunks, std::max<int64_t>(local_experts_, 1)));
+  for (int c = 0; c <= chunks_; ++c) chunk_e0_.push_back(c * local_experts_ / chunks_);
+  global_offsets_.assign(size_t(experts_ + 1), 0);
   recv_counts_.assign(size_t(size_ * local_experts_), 0);
-  host_buf_ = Buffer(host_kind(ops), size_t(local_experts_ + 1 + 2 * max_rows_in) * sizeof(int32_t));
+  host_buf_ = Buffer(host_kind(ops), size_t(2 * local_experts_ + chunks_ + 1 + 2 * max_rows_in) *
+                                         sizeof(int32_t));
   local_offsets_ = Tensor(host_buf_.data(), DType::I32, {local_experts_ + 1});
+  chunk_offsets_ = local_offsets_.ptr<int32_t>() + local_experts_ + 1;
   index_dev_ = Buffer(dev_kind(ops), size_t(2 * max_rows_in) * sizeof(int32_t));
 }
 
 void ExpertDispatcher::plan(const int32_t* counts) {
-  // Rows to each owner: its experts are a contiguous range of `counts`.
-  rows_out_ = 0;
-  for (int r = 0; r < size_; ++r) {
-    send_rows_[r] = 0;
-    for (int64_t e = 0; e < local_experts_; ++e) send_rows_[r] += counts[r * local_experts_ + e];
-    rows_out_ += send_rows_[r];
-  }
+  for (int64_t e = 0; e < experts_; ++e) global_offsets_[size_t(e + 1)] = global_offsets_[size_t(e)] + counts[e];
+  rows_out_ = global_offsets_[size_t(experts_)];
   // recv_counts_[s][e]: rows of my local expert e that source s sends.
   std::vector<int64_t> one(size_, local_experts_);
   host_.all_to_all_v(Tensor(recv_counts_.data(), DType::I32, {size_ * local_experts_, 1}), one,
                      Tensor(const_cast<int32_t*>(counts), DType::I32, {experts_, 1}), one);
-  rows_in_ = 0;
-  for (int s = 0; s < size_; ++s) {
-    recv_rows_[s] = 0;
-    for (int64_t e = 0; e < local_experts_; ++e) recv_rows_[s] += recv_counts_[s * local_experts_ + e];
-    rows_in_ += recv_rows_[s];
+  int32_t* offs = local_offsets_.ptr<int32_t>();
+  offs[0] = 0;
+  for (int64_t e = 0; e < local_experts_; ++e) {
+    int64_t n = 0;
+    for (int s = 0; s < size_; ++s) n += recv_counts_[size_t(s * local_experts_ + e)];
+    offs[e + 1] = int32_t(offs[e] + n);
   }
+  rows_in_ = offs[local_experts_];
   MOP_CHECK(rows_in_ <= max_rows_in_, "expert dispatch: ", rows_in_, " rows exceed the planned ",
             max_rows_in_);
-  // Received rows are source-major: source s's rows for my experts, each expert's rows together.
-  // to_expert_major[r] (expert-major row r) = its source-major row.
-  int32_t* offs = local_offsets_.ptr<int32_t>();
-  int32_t* to_expert = offs + local_experts_ + 1;
+  // Per chunk: its offsets from 0, and the two index maps between the order rows arrive in
+  // (source-major within the chunk) and the experts' order (expert-major), relative to the chunk.
+  int32_t* to_expert = chunk_offsets_ + local_experts_ + chunks_;
   int32_t* to_source = to_expert + max_rows_in_;
-  std::vector<int64_t> src_base(size_ + 1, 0);  // first source-major row of source s
-  for (int s = 0; s < size_; ++s) src_base[s + 1] = src_base[s] + recv_rows_[s];
-  std::vector<int64_t> within(size_, 0);  // first row of expert e inside source s's block
-  offs[0] = 0;
-  int64_t r = 0;
-  for (int64_t e = 0; e < local_experts_; ++e) {
-    for (int s = 0; s < size_; ++s) {
-      int64_t n = recv_counts_[s * local_experts_ + e];
-      for (int64_t j = 0; j < n; ++j, ++r) {
-        int64_t src_row = src_base[s] + within[s] + j;
-        to_expert[r] = int32_t(src_row);
-        to_source[src_row] = int32_t(r);
+  for (int c = 0; c < chunks_; ++c) {
+    const int64_t e0 = chunk_e0_[size_t(c)], e1 = chunk_e0_[size_t(c + 1)], base = offs[e0];
+    for (int64_t e = e0; e <= e1; ++e) chunk_offsets_[e + c] = int32_t(offs[e] - base);
+    int64_t src_row = 0;  // source-major row within the chunk
+    for (int s = 0; s < size_; ++s)
+      for (int64_t e = e0; e < e1; ++e) {
+        int64_t first = offs[e] - base;  // expert e's first row in the chunk, expert-major
+        for (int s2 = 0; s2 < s; ++s2) first += recv_counts_[size_t(s2 * local_experts_ + e)];
+        for (int64_t j = 0; j < recv_counts_[size_t(s * local_experts_ + e)]; ++j, ++src_row) {
+          to_expert[base + first + j] = int32_t(src_row);
+          to_source[base + src_row] = int32_t(first + j);
+        }
       }
-      within[s] += n;
-    }
-    offs[e + 1] = int32_t(r);
   }
   Device dev = ops_.device();
   Tensor dst(index_dev_.data(), DType::I32, {2 * max_rows_in_}, dev);
@@ -75,23 +76,70 @@ void ExpertDispatcher::plan(const int32_t* counts) {
   ops_.copy(dst.rows(max_rows_in_, max_rows_in_ + rows_in_), Tensor(to_source, DType::I32, {rows_in_}));
 }
 
-void ExpertDispatcher::dispatch(Tensor out, const Tensor& in, Tensor scratch) {
-  MOP_CHECK(out.shape[0] == rows_in_ && in.shape[0] == rows_out_ && scratch.shape[0] >= rows_in_,
-            "dispatch: rows ", out.shape[0], "/", in.shape[0], " vs planned ", rows_in_, "/", rows_out_);
-  Tensor recv = scratch.rows(0, rows_in_);
-  data_.all_to_all_v(recv, recv_rows_, in, send_rows_);
-  Tensor idx(index_dev_.data(), DType::I32, {rows_in_}, ops_.device());
-  ops_.moe_permute_fwd(out, recv, idx);
+ExpertDispatcher::Chunk ExpertDispatcher::chunk(int c) const {
+  MOP_CHECK(c >= 0 && c < chunks_, "expert chunk ", c, " of ", chunks_);
+  Chunk k;
+  k.index = c;
+  k.e0 = chunk_e0_[size_t(c)], k.e1 = chunk_e0_[size_t(c + 1)];
+  const int32_t* offs = local_offsets_.ptr<int32_t>();
+  k.row0 = offs[k.e0], k.rows = offs[k.e1] - offs[k.e0];
+  k.offsets = Tensor(chunk_offsets_ + k.e0 + c, DType::I32, {k.e1 - k.e0 + 1});
+  return k;
 }
 
-void ExpertDispatcher::combine(Tensor out, const Tensor& in, Tensor scratch) {
-  MOP_CHECK(in.shape[0] == rows_in_ && out.shape[0] == rows_out_ && scratch.shape[0] >= rows_in_,
-            "combine: rows ", in.shape[0], "/", out.shape[0], " vs planned ", rows_in_, "/", rows_out_);
-  Tensor send = scratch.rows(0, rows_in_);
-  Tensor idx(static_cast<int32_t*>(index_dev_.data()) + max_rows_in_, DType::I32, {rows_in_},
-             ops_.device());
-  ops_.moe_permute_fwd(send, in, idx);
-  data_.all_to_all_v(out, send_rows_, send, recv_rows_);
+ExpertDispatcher::Spans ExpertDispatcher::spans(int c) const {
+  const int64_t e0 = chunk_e0_[size_t(c)], e1 = chunk_e0_[size_t(c + 1)];
+  Spans sp;
+  sp.to_peer.assign(size_t(size_), 0), sp.from_peer.assign(size_t(size_), 0);
+  sp.global_at.assign(size_t(size_), 0), sp.scratch_at.assign(size_t(size_), 0);
+  int64_t at = local_offsets_.ptr<int32_t>()[e0];
+  for (int r = 0; r < size_; ++r) {
+    const int64_t g0 = r * local_experts_ + e0, g1 = r * local_experts_ + e1;
+    sp.to_peer[size_t(r)] = global_offsets_[size_t(g1)] - global_offsets_[size_t(g0)];
+    sp.global_at[size_t(r)] = global_offsets_[size_t(g0)];
+    for (int64_t e = e0; e < e1; ++e) sp.from_peer[size_t(r)] += recv_counts_[size_t(r * local_experts_ + e)];
+    sp.scratch_at[size_t(r)] = at;
+    at += sp.from_peer[size_t(r)];
+  }
+  return sp;
+}
+
+void ExpertDispatcher::run(const Tensor& in, Tensor out, Tensor x_local, Tensor y_local,
+                           Tensor scratch, const std::function<void(const Chunk&)>& experts) {
+  MOP_CHECK(in.shape[0] == rows_out_ && out.shape[0] == rows_out_ && x_local.shape[0] == rows_in_ &&
+                y_local.shape[0] == rows_in_ && scratch.shape[0] >= rows_in_,
+            "expert dispatch: rows ", in.shape[0], "/", out.shape[0], "/", x_local.shape[0], "/",
+            y_local.shape[0], "/", scratch.shape[0], " vs planned ", rows_out_, "/", rows_in_);
+  Comm& to_experts = dispatch_ ? *dispatch_ : data_;
+  Comm& back = combine_ ? *combine_ : data_;
+  const Device dev = ops_.device();
+  auto* index = static_cast<int32_t*>(index_dev_.data());
+  std::vector<Spans> sp(static_cast<size_t>(chunks_));
+  auto dispatch = [&](int c) {
+    sp[size_t(c)] = spans(c);
+    const Spans& s = sp[size_t(c)];
+    to_experts.all_to_all_v(scratch, s.from_peer, s.scratch_at, in, s.to_peer, s.global_at);
+  };
+  dispatch(0);
+  for (int c = 0; c < chunks_; ++c) {
+    // Chunk c's rows have arrived (its dispatch is the only one in flight); the next chunk's
+    // travel while this one computes, and this one's results return during the next.
+    to_experts.join();
+    if (c + 1 < chunks_) dispatch(c + 1);
+    const Chunk k = chunk(c);
+    if (k.rows) {
+      const int64_t r0 = k.row0, r1 = k.row0 + k.rows;
+      ops_.moe_permute_fwd(x_local.rows(r0, r1), scratch.rows(r0, r1),
+                           Tensor(index + r0, DType::I32, {k.rows}, dev));
+      experts(k);
+      ops_.moe_permute_fwd(scratch.rows(r0, r1), y_local.rows(r0, r1),
+                           Tensor(index + max_rows_in_ + r0, DType::I32, {k.rows}, dev));
+    }
+    // Every rank takes part in every chunk's exchanges, also with no rows of its own in it.
+    const Spans& s = sp[size_t(c)];
+    back.all_to_all_v(out, s.to_peer, s.global_at, scratch, s.from_peer, s.scratch_at);
+  }
+  back.join();
 }
 
 }  // namespace mop

@@ -14,12 +14,9 @@
 
 namespace mop {
 
-class Ops;
-
 class GradReducer {
  public:
-  GradReducer(ParallelGroups& groups, Ops& ops);
-  ~GradReducer();
+  explicit GradReducer(ParallelGroups& groups);
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
@@ -27,14 +24,11 @@ class GradReducer {
   void reduce(const std::vector<Tensor>& dense, const std::vector<Tensor>& expert);
   // The compute stream waits for every sum issued so far (nothing to do on the CPU).
   void join();
-  bool overlapped() const { return side_ != nullptr; }
+  bool overlapped() const { return overlapped_; }
 
  private:
   Comm *dense_, *expert_;
-  void* compute_ = nullptr;  // cudaStream_t
-  void* side_ = nullptr;     // cudaStream_t, owned by the groups
-  void* ready_ = nullptr;    // cudaEvent_t: the compute stream reached the reduce
-  void* done_ = nullptr;     // cudaEvent_t: the side stream's sums so far
+  bool overlapped_ = false;
 };
 
 }  // namespace mop

@@ -70,21 +70,36 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& 
   g->cp_data = watched(data_comm(cp, ops)), g->ep_data = watched(data_comm(ep, ops));
   g->edp_data = watched(data_comm(edp, ops));
 #ifdef MOP_HAVE_CUDA
-  if (ops.device() == Device::CUDA && cfg.parallel.overlap_grad_reduce) {
-    cudaStream_t side;
-    MOP_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-    g->grad_stream = side;
-    g->world_grad = watched(make_nccl_comm(MPI_COMM_WORLD, side));
-    g->edp_grad = watched(make_nccl_comm(edp, side));
+  if (ops.device() == Device::CUDA) {
+    cudaStream_t compute = cuda_backend(ops, "building GPU groups").stream();
+    // An asynchronous comm on a new stream that follows the compute stream.
+    auto side_comm = [&](MPI_Comm comm, cudaStream_t& stream) {
+      if (!stream) {
+        MOP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        g->side_streams.push_back(stream);
+      }
+      return watched(make_nccl_comm(comm, stream, compute));
+    };
+    if (cfg.parallel.overlap_grad_reduce) {
+      cudaStream_t grad = nullptr;
+      g->world_grad = side_comm(MPI_COMM_WORLD, grad);
+      g->edp_grad = side_comm(edp, grad);
+    }
+    if (g->ep_size > 1) {
+      cudaStream_t dispatch = nullptr, combine = nullptr;
+      g->ep_dispatch = side_comm(ep, dispatch);
+      g->ep_combine = side_comm(ep, combine);
+    }
   }
 #endif
   return g;
 }
 
 ParallelGroups::~ParallelGroups() {
-  world_grad.reset(), edp_grad.reset();  // the communicators before their stream
+  // The communicators before their streams.
+  world_grad.reset(), edp_grad.reset(), ep_dispatch.reset(), ep_combine.reset();
 #ifdef MOP_HAVE_CUDA
-  if (grad_stream) cudaStreamDestroy(static_cast<cudaStream_t>(grad_stream));
+  for (void* s : side_streams) cudaStreamDestroy(static_cast<cudaStream_t>(s));
 #endif
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "config/config.h"
 #include "parallel/comm.h"
@@ -25,10 +26,14 @@ struct ParallelGroups {
   Comm* world_host = nullptr;
   std::unique_ptr<Comm> world_host_owned, cp_host, ep_host, edp_host;
   std::unique_ptr<Comm> world_data, cp_data, ep_data, edp_data;  // tensors on the ops device
-  // GPU ranks: the gradient sums' own communicators (world, edp), on their own stream
-  // (grad_stream, a cudaStream_t), so they overlap with backward (GradReducer). Null on CPU ranks.
+  // GPU ranks with parallel.overlap_grad_reduce: the gradient sums' own communicators (world,
+  // edp), asynchronous on one stream of their own, so they overlap with backward (GradReducer).
   std::unique_ptr<Comm> world_grad, edp_grad;
-  void* grad_stream = nullptr;
+  // GPU ranks with ep > 1: the expert all-to-alls' own communicators, one for the exchanges that
+  // bring tokens to the experts and one for those that return them, each on its own stream
+  // (ExpertDispatcher overlaps them with the experts). Null on CPU ranks (ep_data serves).
+  std::unique_ptr<Comm> ep_dispatch, ep_combine;
+  std::vector<void*> side_streams;  // cudaStream_t of the asynchronous comms above, owned
   // Several ranks: every collective above is watched (parallel.collective_timeout).
   std::unique_ptr<CollectiveWatchdog> watchdog;
 

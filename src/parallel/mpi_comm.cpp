@@ -66,26 +66,24 @@ class MpiComm final : public Comm {
                                            MPI_SUM, comm_));
   }
 
-  void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts, const Tensor& in,
-                    const std::vector<int64_t>& send_counts) override {
+  using Comm::all_to_all_v;
+  void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts,
+                    const std::vector<int64_t>& recv_offsets, const Tensor& in,
+                    const std::vector<int64_t>& send_counts,
+                    const std::vector<int64_t>& send_offsets) override {
     host(out), host(in);
-    MOP_CHECK(int(recv_counts.size()) == size_ && int(send_counts.size()) == size_,
-              "all_to_all_v needs one count per rank");
-    // Rows are sent as bytes: any dtype, width taken from the input rows.
-    int64_t row_bytes = in.row_numel() * int64_t(dtype_size(in.dtype));
-    MOP_CHECK(out.row_numel() * int64_t(dtype_size(out.dtype)) == row_bytes, "row widths differ");
+    // Rows are sent as bytes: any dtype.
+    const int64_t row_bytes =
+        int64_t(check_all_to_all(out, recv_counts, recv_offsets, in, send_counts, send_offsets));
     std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
-    int64_t so = 0, ro = 0;
+    auto as_int = [&](int64_t rows) {
+      MOP_CHECK(rows * row_bytes <= INT_MAX, "all_to_all_v message too large for MPI int counts");
+      return int(rows * row_bytes);
+    };
     for (int r = 0; r < size_; ++r) {
-      MOP_CHECK(send_counts[r] * row_bytes <= INT_MAX && so * row_bytes <= INT_MAX &&
-                    recv_counts[r] * row_bytes <= INT_MAX && ro * row_bytes <= INT_MAX,
-                "all_to_all_v message too large for MPI int counts");
-      sc[r] = int(send_counts[r] * row_bytes), sd[r] = int(so * row_bytes);
-      rc[r] = int(recv_counts[r] * row_bytes), rd[r] = int(ro * row_bytes);
-      so += send_counts[r], ro += recv_counts[r];
+      sc[r] = as_int(send_counts[r]), sd[r] = as_int(send_offsets[r]);
+      rc[r] = as_int(recv_counts[r]), rd[r] = as_int(recv_offsets[r]);
     }
-    MOP_CHECK(so <= (in.ndim ? in.shape[0] : 1) && ro <= (out.ndim ? out.shape[0] : 1),
-              "all_to_all_v counts exceed the buffers");
     MOP_MPI_CHECK(MPI_Alltoallv(in.data, sc.data(), sd.data(), MPI_BYTE, out.data, rc.data(),
                                 rd.data(), MPI_BYTE, comm_));
   }

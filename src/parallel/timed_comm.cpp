@@ -6,7 +6,8 @@ namespace {
 
 class TimedComm final : public Comm {
  public:
-  TimedComm(std::unique_ptr<Comm> inner, TimedOps& timed) : inner_(std::move(inner)), timed_(timed) {}
+  TimedComm(std::unique_ptr<Comm> inner, TimedOps& timed, const std::string& label)
+      : inner_(std::move(inner)), timed_(timed), join_name_("join " + label) {}
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -24,10 +25,13 @@ class TimedComm final : public Comm {
     Scope s(timed_, "reduce_scatter_sum");
     inner_->reduce_scatter_sum(out, in);
   }
-  void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts, const Tensor& in,
-                    const std::vector<int64_t>& send_counts) override {
+  using Comm::all_to_all_v;
+  void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts,
+                    const std::vector<int64_t>& recv_offsets, const Tensor& in,
+                    const std::vector<int64_t>& send_counts,
+                    const std::vector<int64_t>& send_offsets) override {
     Scope s(timed_, "all_to_all_v");
-    inner_->all_to_all_v(out, recv_counts, in, send_counts);
+    inner_->all_to_all_v(out, recv_counts, recv_offsets, in, send_counts, send_offsets);
   }
   void send_recv(Tensor out, int src, const Tensor& in, int dst) override {
     Scope s(timed_, "send_recv");
@@ -36,6 +40,11 @@ class TimedComm final : public Comm {
   void broadcast(Tensor x, int root) override {
     Scope s(timed_, "broadcast");
     inner_->broadcast(x, root);
+  }
+  // The compute stream waiting for an asynchronous comm: the part of it not hidden by compute.
+  void join() override {
+    Scope s(timed_, join_name_.c_str());
+    inner_->join();
   }
   void barrier() override { inner_->barrier(); }
   using Comm::all_reduce_host;
@@ -50,13 +59,15 @@ class TimedComm final : public Comm {
   };
   std::unique_ptr<Comm> inner_;
   TimedOps& timed_;
+  const std::string join_name_;  // "join <label>": the trace's name for this comm's waits
 };
 
 }  // namespace
 
-std::unique_ptr<Comm> time_comm(std::unique_ptr<Comm> inner, TimedOps& timed) {
+std::unique_ptr<Comm> time_comm(std::unique_ptr<Comm> inner, TimedOps& timed,
+                                const std::string& label) {
   MOP_CHECK(inner != nullptr, "time_comm() of a null Comm");
-  return std::make_unique<TimedComm>(std::move(inner), timed);
+  return std::make_unique<TimedComm>(std::move(inner), timed, label);
 }
 
 }  // namespace mop

@@ -146,10 +146,13 @@ class WatchedComm final : public Comm {
     ScopedCollective watched(dog_, reduce_scatter_);
     inner_->reduce_scatter_sum(out, in);
   }
-  void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts, const Tensor& in,
-                    const std::vector<int64_t>& send_counts) override {
+  using Comm::all_to_all_v;
+  void all_to_all_v(Tensor out, const std::vector<int64_t>& recv_counts,
+                    const std::vector<int64_t>& recv_offsets, const Tensor& in,
+                    const std::vector<int64_t>& send_counts,
+                    const std::vector<int64_t>& send_offsets) override {
     ScopedCollective watched(dog_, all_to_all_);
-    inner_->all_to_all_v(out, recv_counts, in, send_counts);
+    inner_->all_to_all_v(out, recv_counts, recv_offsets, in, send_counts, send_offsets);
   }
   void send_recv(Tensor out, int src, const Tensor& in, int dst) override {
     ScopedCollective watched(dog_, send_recv_);
@@ -159,6 +162,7 @@ class WatchedComm final : public Comm {
     ScopedCollective watched(dog_, broadcast_);
     inner_->broadcast(x, root);
   }
+  void join() override { inner_->join(); }  // a stream wait: returns at once
   void barrier() override {
     ScopedCollective watched(dog_, barrier_);
     inner_->barrier();

@@ -139,8 +139,13 @@ void Trainer::build() {
   device_used_at_start_ = device_memory_used();
   groups_ = ParallelGroups::build(cfg_, world_, *ops_);
   if (world_.size > 1)  // tensor collectives count as communication in the step's time split
-    for (auto* c : {&groups_->world_data, &groups_->cp_data, &groups_->ep_data, &groups_->edp_data})
-      *c = time_comm(std::move(*c), *timed_);
+    for (auto [c, label] : {std::pair{&groups_->world_data, "world"}, {&groups_->cp_data, "cp"},
+                            {&groups_->ep_data, "ep"}, {&groups_->edp_data, "edp"},
+                            {&groups_->world_grad, "gradient sums (world)"},
+                            {&groups_->edp_grad, "gradient sums (edp)"},
+                            {&groups_->ep_dispatch, "expert dispatch"},
+                            {&groups_->ep_combine, "expert combine"}})
+      if (*c) *c = time_comm(std::move(*c), *timed_, label);
   dp_size_ = groups_->dp_size;
   dp_rank_ = groups_->dp;
   micro_batches_ = int(cfg_.train.global_batch_size / (cfg_.train.micro_batch_size * dp_size_));
@@ -172,6 +177,7 @@ void Trainer::build() {
   topt.lm_head_chunk = cfg_.train.lm_head_chunk;
   topt.groups = groups_.get();
   topt.attention_impl = cfg_.parallel.attention.impl;
+  topt.moe_chunks = int(cfg_.parallel.moe.chunks);
   model_ = std::make_unique<Transformer>(layout_, *params_, *ops_, topt);
   if (placement_.device == Device::CUDA) {
     // The activations must fit next to the weights and gradients (allocated above) and the least
@@ -208,7 +214,7 @@ void Trainer::build() {
                             groups_->world_host);
   }
   if (world_.size > 1) {
-    reducer_ = std::make_unique<GradReducer>(*groups_, *ops_);
+    reducer_ = std::make_unique<GradReducer>(*groups_);
     const int stages = int(layout_.dims.layers) + 2;
     stage_params_.assign(size_t(stages), {});
     stage_has_host_state_.assign(size_t(stages), false);
@@ -431,9 +437,7 @@ void Trainer::reduce_stage(int stage) {
 }
 
 void Trainer::join_reductions() {
-  timed_->begin_comm("wait for gradient sums");  // on the GPU: the time the compute stream waits
-  reducer_->join();
-  timed_->end_comm();
+  reducer_->join();  // timed as communication (TimedComm): the time the compute stream waits
 }
 
 void Trainer::reduce_gradients() {

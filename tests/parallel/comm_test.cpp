@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "catch.h"
+#include "core/error.h"
 #include "parallel/mpi_comm.h"
 
 using namespace mop;
@@ -58,6 +59,29 @@ TEST_CASE("comm: MPI collectives move exactly what they should", "[mpi]") {
         for (int c = 0; c < W; ++c) wrong += out[row * W + c] != s * 10000 + me * 100 + j * 10 + c;
     CHECK(wrong == 0);
     if (me == R - 1) CHECK(nr == 0);
+  }
+  SECTION("all_to_all_v at given rows: spans in reverse rank order, with gaps") {
+    // Rank s sends 2 rows to rank d from row 3·(R−1−d) and receives rank s's at row 3·(R−1−s) + 1.
+    const int W = 3;
+    std::vector<int64_t> two(R, 2), send_at(R), recv_at(R);
+    for (int r = 0; r < R; ++r) send_at[r] = 3 * (R - 1 - r), recv_at[r] = 3 * (R - 1 - r) + 1;
+    std::vector<int32_t> in(size_t(3 * R * W), -7), out(size_t(3 * R * W), -1);
+    for (int d = 0; d < R; ++d)
+      for (int j = 0; j < 2; ++j)
+        for (int c = 0; c < W; ++c) in[size_t((send_at[d] + j) * W + c)] = me * 10000 + d * 100 + j * 10 + c;
+    Tensor tout(out.data(), DType::I32, {3 * R, W}), tin(in.data(), DType::I32, {3 * R, W});
+    comm->all_to_all_v(tout, two, recv_at, tin, two, send_at);
+    int wrong = 0;
+    for (int64_t row = 0; row < 3 * R; ++row) {
+      const int s = R - 1 - int(row / 3), j = int(row % 3) - 1;  // j = -1: the gap
+      for (int c = 0; c < W; ++c)
+        wrong += out[size_t(row * W + c)] != (j < 0 ? -1 : s * 10000 + me * 100 + j * 10 + c);
+    }
+    CHECK(wrong == 0);
+    // Received spans that overlap, or reach past the buffer, are refused on every rank alike.
+    std::vector<int64_t> same(R, 0), past(R, 3 * R - 1);
+    CHECK_THROWS_AS(comm->all_to_all_v(tout, two, same, tin, two, send_at), Error);
+    CHECK_THROWS_AS(comm->all_to_all_v(tout, two, past, tin, two, send_at), Error);
   }
   SECTION("send_recv around the ring, both directions") {
     for (int shift : {1, R - 1}) {

@@ -96,37 +96,56 @@ TEST_CASE("expert dispatch: exact rows, skewed counts, empty expert, idle rank",
   int64_t max_in = 0;
   for (int s = 0; s < R; ++s)
     for (int e = 0; e < E; ++e) max_in += count(s, e);
-  ExpertDispatcher disp(*comm, *comm, *ops, E, max_in);
-  disp.plan(counts.data());
   // Payload of my row j of expert e: (me, e, j, column).
   std::vector<float> in(size_t(std::max<int64_t>(rows_out, 1) * W));
   int64_t r = 0;
   for (int e = 0; e < E; ++e)
     for (int j = 0; j < counts[e]; ++j, ++r)
       for (int c = 0; c < W; ++c) in[r * W + c] = float(me * 1000000 + e * 1000 + j * 10 + c);
-  std::vector<float> out(size_t(std::max<int64_t>(max_in, 1) * W), -1), scratch(out.size());
-  Tensor tin(in.data(), DType::F32, {rows_out, W});
-  Tensor tout(out.data(), DType::F32, {disp.rows_in(), W});
-  Tensor tscr(scratch.data(), DType::F32, {std::max<int64_t>(max_in, 1), W});
-  disp.dispatch(tout, tin, tscr);
-  // Expected: my experts in order, each with its rows from source 0, 1, … in the source's order.
-  int wrong = 0;
-  int64_t q = 0;
-  const int32_t* offs = disp.local_offsets().ptr<int32_t>();
-  for (int el = 0; el < 3; ++el) {
-    int e = me * 3 + el;
-    CHECK(offs[el] == q);
-    for (int s = 0; s < R; ++s)
-      for (int j = 0; j < count(s, e); ++j, ++q)
-        for (int c = 0; c < W; ++c) wrong += out[q * W + c] != float(s * 1000000 + e * 1000 + j * 10 + c);
+  // 3 local experts in 1, 2 (2 + 1 experts) and 3 chunks; 5 asks for more chunks than experts.
+  for (int chunks : {1, 2, 3, 5}) {
+    CAPTURE(chunks);
+    ExpertDispatcher disp(*comm, *comm, *ops, E, max_in, chunks);
+    CHECK(disp.num_chunks() == std::min(chunks, 3));
+    disp.plan(counts.data());
+    std::vector<float> x(size_t(std::max<int64_t>(max_in, 1) * W), -1), y(x.size(), -1),
+        scratch(x.size(), -1);
+    Tensor tx(x.data(), DType::F32, {disp.rows_in(), W}), ty(y.data(), DType::F32, {disp.rows_in(), W});
+    Tensor tscr(scratch.data(), DType::F32, {std::max<int64_t>(max_in, 1), W});
+    // Expected rows: my experts in order, each with its rows from source 0, 1, … in the source's
+    // order. Every chunk sees exactly its experts' rows; the experts negate them.
+    int wrong = 0, seen_chunks = 0;
+    int64_t next_row = 0, next_expert = 0;
+    std::vector<float> back(in.size(), -1);
+    disp.run(Tensor(in.data(), DType::F32, {rows_out, W}), Tensor(back.data(), DType::F32, {rows_out, W}),
+             tx, ty, tscr, [&](const ExpertDispatcher::Chunk& k) {
+               ++seen_chunks;
+               CHECK(k.e0 >= next_expert);  // chunks without rows are skipped
+               CHECK(k.row0 == next_row);
+               const int32_t* offs = k.offsets.ptr<int32_t>();
+               int64_t q = k.row0;
+               for (int64_t el = k.e0; el < k.e1; ++el) {
+                 int e = int(me * 3 + el);
+                 CHECK(offs[el - k.e0] == q - k.row0);
+                 for (int s = 0; s < R; ++s)
+                   for (int j = 0; j < count(s, e); ++j, ++q)
+                     for (int c = 0; c < W; ++c)
+                       wrong += x[size_t(q * W + c)] != float(s * 1000000 + e * 1000 + j * 10 + c);
+               }
+               CHECK(q == k.row0 + k.rows);
+               CHECK(offs[k.e1 - k.e0] == k.rows);
+               for (int64_t i = k.row0 * W; i < q * W; ++i) y[size_t(i)] = -x[size_t(i)];
+               next_row = q, next_expert = k.e1;
+             });
+    CHECK(wrong == 0);
+    // Chunks without rows are skipped; the last rank receives nothing at all.
+    if (me == R - 1) CHECK(disp.rows_in() == 0);
+    if (me == R - 1) CHECK(seen_chunks == 0);
+    // combine is the inverse: every (negated) row comes back to where it started.
+    int back_wrong = 0;
+    for (int64_t i = 0; i < rows_out * W; ++i) back_wrong += back[size_t(i)] != -in[size_t(i)];
+    CHECK(back_wrong == 0);
   }
-  CHECK(q == disp.rows_in());
-  CHECK(wrong == 0);
-  if (me == R - 1) CHECK(disp.rows_in() == 0);
-  // combine is the inverse: every row comes back to where it started.
-  std::vector<float> back(in.size(), -1);
-  disp.combine(Tensor(back.data(), DType::F32, {rows_out, W}), tout, tscr);
-  CHECK(std::memcmp(back.data(), in.data(), size_t(rows_out * W) * sizeof(float)) == 0);
 }
 
 TEST_CASE("ulysses exchange: tokens and heads land in sequence order, and back", "[mpi]") {
@@ -242,7 +261,7 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
   // heads: "num_heads: …, num_kv_heads: …"; impl: parallel.attention.impl.
   const std::string kHeads = "num_heads: 8, num_kv_heads: 4";
   auto yaml = [&](int cp, int ep, const std::string& ckpt, const std::string& impl = "auto",
-                  const std::string& heads = "num_heads: 8, num_kv_heads: 4") {
+                  const std::string& heads = "num_heads: 8, num_kv_heads: 4", int chunks = 2) {
     return "model: {vocab_size: 257, hidden_size: 32, num_layers: 2, " + heads + ", "
            "head_dim: 8, init_std: 0.1}\n"
            "moe: {num_experts: 8, top_k: 2, expert_ffn: 16, shared_expert_ffn: 8, aux_loss_coef: 0.05, "
@@ -252,14 +271,18 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
            "train: {steps: 3, global_batch_size: 4, micro_batch_size: 1, eval_interval: 0, device: " +
            std::string(on_gpu() ? "cuda" : "cpu") + "}\n"
            "parallel: {attention: {cp: " + std::to_string(cp) + ", dp: " + std::to_string(N / cp) +
-           ", impl: " + impl + "}, moe: {ep: " + std::to_string(ep) + ", dp: " + std::to_string(N / ep) + "}}\n"
+           ", impl: " + impl + "}, moe: {ep: " + std::to_string(ep) + ", dp: " + std::to_string(N / ep) +
+           ", chunks: " + std::to_string(chunks) + "}}\n"
            "checkpoint: {dir: " + ckpt + ", save_final: false}\n";
   };
   // Every (cp, ep) with Ulysses, and each cp > 1 again with ring attention; then 6 query / 3 kv
   // heads, which no cp > 1 here divides: auto must pick ring attention (Ulysses would refuse them).
+  // The expert exchange runs in 2 chunks (the default), and also in 1 and in 3 (uneven: 1, 1 and
+  // 2 of ep 2's 4 local experts).
   struct Run {
     int cp, ep;
     std::string impl, heads;
+    int chunks = 2;
   };
   std::vector<Run> runs;
   for (int cp : {1, 2, 4})
@@ -268,10 +291,13 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
       if (cp > 1) runs.push_back({cp, ep, "ring", kHeads});
     }
   for (int cp : {2, 4}) runs.push_back({cp, 2, "auto", "num_heads: 6, num_kv_heads: 3"});
+  runs.push_back({1, 2, "auto", kHeads, 1});
+  runs.push_back({1, 2, "auto", kHeads, 3});
   for (const Run& run : runs) {
     const int cp = run.cp, ep = run.ep;
     if (N % cp || N % ep) continue;
-    INFO("N " << N << " cp " << cp << " ep " << ep << " impl " << run.impl << " " << run.heads);
+    INFO("N " << N << " cp " << cp << " ep " << ep << " impl " << run.impl << " " << run.heads
+              << " chunks " << run.chunks);
     World wn;
     wn.rank = me, wn.size = N, wn.mpi = true;
     wn.local_rank = me;  // one host: rank r drives GPU r (GPU runs), as World::init would
@@ -279,7 +305,7 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
     World w1;
     w1.local_rank = me;
     w1.comm = make_self_comm();
-    Config cn = load_config_text(yaml(cp, ep, root + "/n", run.impl, run.heads));
+    Config cn = load_config_text(yaml(cp, ep, root + "/n", run.impl, run.heads, run.chunks));
     Config c1 = load_config_text(yaml(1, 1, root + "/one_" + std::to_string(me), "auto", run.heads));
     c1.parallel = ParallelConfig{};
     Trainer tn(cn, wn), t1(c1, w1);

@@ -287,6 +287,33 @@ TEST_CASE("nccl comm: collectives on device buffers move exactly what they shoul
         Error);
   }
 
+  SECTION("asynchronous comm: all_to_all_v at given rows, after the compute stream, joined") {
+    // Its own stream, following the compute stream: the input is written on the compute stream
+    // just before the collective (asynchronously, from pinned memory) and the result is read
+    // there right after join(); a collective that did not wait, or a join that did not, would
+    // show stale rows. Large rows make such a race visible. Rank s sends one row to rank d from
+    // row R−1−d and receives rank s's at row 2·(R−1−s); the rows between stay untouched.
+    Stream side;
+    auto async = make_nccl_comm(g.comm, side.s, stream.s);
+    const int64_t W = int64_t(1) << 16;
+    auto code = [&](int s, int d, int64_t c) { return double((int64_t(s) * 16 + d) * W + c); };
+    Guarded in(DType::U32, R, W), out(DType::U32, 2 * R, W);
+    uint32_t* host = nullptr;
+    MOP_CUDA_CHECK(cudaMallocHost(&host, size_t(R * W) * sizeof(uint32_t)));
+    for (int d = 0; d < R; ++d)
+      for (int64_t c = 0; c < W; ++c) host[(R - 1 - d) * W + c] = uint32_t(code(me, d, c));
+    std::vector<int64_t> one(R, 1), send_at(R), recv_at(R);
+    for (int r = 0; r < R; ++r) send_at[r] = R - 1 - r, recv_at[r] = 2 * (R - 1 - r);
+    MOP_CUDA_CHECK(cudaMemcpyAsync(in.t.data, host, in.t.bytes(), cudaMemcpyHostToDevice, stream.s));
+    async->all_to_all_v(out.t, one, recv_at, in.t, one, send_at);
+    async->join();
+    CHECK(out.wrong(stream.s, [&](int64_t e) {  // synchronises the compute stream only
+      const int64_t row = e / W, c = e % W;
+      return row % 2 ? 4294967295.0 : code(R - 1 - int(row / 2), me, c);
+    }) == 0);
+    MOP_CUDA_CHECK(cudaFreeHost(host));
+  }
+
   SECTION("send_recv around the ring (to self on one rank)") {
     for (int shift : {1, R - 1}) {
       const int dst = (me + shift) % R, src = (me - shift + R) % R;
