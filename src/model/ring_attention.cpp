@@ -1,7 +1,9 @@
 // Ring attention (see ring_attention.h). Buffer layout (one device allocation, each part aligned to
 // kAlign bytes), with T = max_batch·max_local_seq, c = max_local_seq/2, KV = Nkv·D, Q = Nq·D:
-//   packet 0, packet 1   each [k T·KV | v T·KV] compute + [dk T·KV | dv T·KV] acc; a micro-batch of
-//                        T_l ≤ T tokens packs them with T_l, so what travels is contiguous
+//   packet 0, 1          each [k T·KV | v T·KV] compute; a micro-batch of T_l ≤ T tokens packs
+//                        them with T_l, so what travels is contiguous
+//   sums 0, 1, 2         each [dk T·KV | dv T·KV] acc, packed the same way (backward: the block
+//                        being summed, the sum arriving, the sum leaving)
 //   acc                  [T, Q] acc            forward: the output accumulator; backward: dq
 //   part_o               [c, Q] compute        a block's output (forward) or dq (backward)
 //   part_dk, part_dv     [c, KV] compute       a block's dk, dv
@@ -20,7 +22,7 @@ constexpr size_t kAlign = 256;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 struct Layout {
-  size_t packet, acc, part_o, part_dk, part_dv, part_lse, conv, total;
+  size_t packet, sum, sums, acc, part_o, part_dk, part_dv, part_lse, conv, total;
 };
 
 Layout plan_layout(int max_batch, int max_local_seq, int64_t nq, int64_t nkv, int64_t dim,
@@ -30,8 +32,10 @@ Layout plan_layout(int max_batch, int max_local_seq, int64_t nq, int64_t nkv, in
   const size_t tokens = size_t(max_batch) * size_t(max_local_seq), c = size_t(max_local_seq / 2);
   const size_t q = size_t(nq * dim), kv = size_t(nkv * dim);
   Layout l{};
-  l.packet = align_up(2 * tokens * kv * (cs + as));
-  size_t off = 2 * l.packet;
+  l.packet = align_up(2 * tokens * kv * cs);
+  l.sum = align_up(2 * tokens * kv * as);
+  l.sums = 2 * l.packet;
+  size_t off = l.sums + 3 * l.sum;
   l.acc = off, off += align_up(tokens * q * as);
   l.part_o = off, off += align_up(c * q * cs);
   l.part_dk = off, off += align_up(c * kv * cs);
@@ -51,8 +55,8 @@ size_t RingAttention::buffer_bytes(int max_batch, int max_local_seq, int64_t num
 
 RingAttention::RingAttention(Comm& cp, Ops& ops, int max_batch, int max_local_seq,
                              int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                             DType dtype)
-    : comm_(cp),
+                             DType dtype, Comm* async)
+    : comm_(async ? *async : cp),
       ops_(ops),
       cp_(cp.size()),
       rank_(cp.rank()),
@@ -73,7 +77,8 @@ RingAttention::RingAttention(Comm& cp, Ops& ops, int max_batch, int max_local_se
                  "needs chunks of at least 2 tokens: data.seq_len must be at least 4 × "
                  "parallel.attention.cp (", 2 * cp_, " × ", max_local_seq / 2, " given)");
   Layout l = plan_layout(max_batch, max_local_seq, nq_, nkv_, dim_, cdt_);
-  packet_bytes_ = l.packet, acc_off_ = l.acc, part_o_off_ = l.part_o, part_dk_off_ = l.part_dk;
+  packet_bytes_ = l.packet, sum_bytes_ = l.sum, sums_off_ = l.sums, acc_off_ = l.acc, part_o_off_ = l.part_o;
+  part_dk_off_ = l.part_dk;
   part_dv_off_ = l.part_dv, part_lse_off_ = l.part_lse, conv_off_ = l.conv;
   buffer_ = Buffer(ops.device() == Device::CUDA ? MemKind::Device : MemKind::Host, l.total);
 }
@@ -88,17 +93,19 @@ Tensor RingAttention::packet_kv(int p, int which, int64_t tokens) const {
             {tokens, nkv_, dim_});
 }
 
-Tensor RingAttention::packet_dkv(int p, int which, int64_t tokens) const {
-  const size_t n = size_t(tokens * nkv_ * dim_);
-  return at(size_t(p) * packet_bytes_ + 2 * n * dtype_size(cdt_) + size_t(which) * n * dtype_size(adt_),
-            adt_, {tokens, nkv_, dim_});
+Tensor RingAttention::packet(int p, int64_t tokens) const {
+  return at(size_t(p) * packet_bytes_, DType::U8, {2 * tokens * nkv_ * dim_ * int64_t(dtype_size(cdt_))});
 }
 
-Tensor RingAttention::packet_bytes(int p, int64_t tokens, bool kv, bool dkv) const {
-  const int64_t n = tokens * nkv_ * dim_;
-  const int64_t kv_bytes = 2 * n * int64_t(dtype_size(cdt_)), dkv_bytes = 2 * n * int64_t(dtype_size(adt_));
-  const size_t begin = size_t(p) * packet_bytes_ + (kv ? 0 : size_t(kv_bytes));
-  return at(begin, DType::U8, {(kv ? kv_bytes : 0) + (dkv ? dkv_bytes : 0)});
+Tensor RingAttention::sum_dkv(int i, int which, int64_t tokens) const {
+  const size_t n = size_t(tokens * nkv_ * dim_);
+  return at(sums_off_ + size_t(i) * sum_bytes_ + size_t(which) * n * dtype_size(adt_), adt_,
+            {tokens, nkv_, dim_});
+}
+
+Tensor RingAttention::sum(int i, int64_t tokens) const {
+  Tensor dk = sum_dkv(i, 0, tokens);
+  return Tensor(dk.data, DType::U8, {2 * tokens * nkv_ * dim_ * int64_t(dtype_size(adt_))}, dk.device);
 }
 
 int RingAttention::blocks_of(int j, Block* out) const {
@@ -151,10 +158,9 @@ void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tenso
   ops_.copy(packet_kv(0, 1, tokens), v);
   int cur = 0;
   for (int step = 0; step < cp_; ++step) {
-    // The next step's K/V travel before this step's blocks (both on the compute stream on GPUs).
-    if (step + 1 < cp_)
-      comm_.send_recv(packet_bytes(1 - cur, tokens, true, false), prev,
-                      packet_bytes(cur, tokens, true, false), next);
+    // The next step's K/V travel while this step's blocks compute (an asynchronous comm on GPUs;
+    // a blocking one first moves them, then the blocks run).
+    if (step + 1 < cp_) comm_.send_recv(packet(1 - cur, tokens), prev, packet(cur, tokens), next);
     const int j = (rank_ - step + cp_) % cp_;
     Block blocks[3];
     const int num_blocks = blocks_of(j, blocks);
@@ -168,6 +174,7 @@ void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tenso
         ops_.attention_merge(acc.rows(q0, q0 + c), lse_blocks.rows(2 * b + blk.q_late, 2 * b + blk.q_late + 1),
                              part_o, part_lse, 1);
       }
+    comm_.join();
     cur = 1 - cur;
   }
   ops_.copy(out, acc);
@@ -185,15 +192,23 @@ void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout
   ops_.fill(dq_acc, 0);
   ops_.copy(packet_kv(0, 0, tokens), k);
   ops_.copy(packet_kv(0, 1, tokens), v);
-  ops_.fill(packet_dkv(0, 0, tokens), 0);
-  ops_.fill(packet_dkv(0, 1, tokens), 0);
+  // The dK/dV sum of the K/V block j held at a step: this rank's blocks against j go into `part`
+  // (from zero) while the sum of the ranks before it arrives in `arriving`; their total leaves for
+  // the next rank during the next step (from `leaving`). At step s ≥ 1 this rank holds j = r − s,
+  // whose sum its predecessor completed at step s − 1, so the sums travel one step behind K/V.
+  int part = 0, leaving = 1;
+  const int arriving = 2;
   int cur = 0;
   for (int step = 0; step < cp_; ++step) {
     const int j = (rank_ - step + cp_) % cp_;
+    if (step + 1 < cp_) comm_.send_recv(packet(1 - cur, tokens), prev, packet(cur, tokens), next);
+    if (step > 0) comm_.send_recv(sum(arriving, tokens), prev, sum(leaving, tokens), next);
     Block blocks[3];
     const int num_blocks = blocks_of(j, blocks);
     Tensor kb = packet_kv(cur, 0, tokens), vb = packet_kv(cur, 1, tokens);
-    Tensor dkb = packet_dkv(cur, 0, tokens), dvb = packet_dkv(cur, 1, tokens);
+    Tensor dkb = sum_dkv(part, 0, tokens), dvb = sum_dkv(part, 1, tokens);
+    ops_.fill(dkb, 0);
+    ops_.fill(dvb, 0);
     for (int64_t b = 0; b < batch; ++b)
       for (int i = 0; i < num_blocks; ++i) {
         const Block& blk = blocks[i];
@@ -206,17 +221,27 @@ void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout
         accumulate(dkb.rows(k0, k0 + c), part_dk);
         accumulate(dvb.rows(k0, k0 + c), part_dv);
       }
-    // K/V and their gradient sums move on. After the last step only the sums travel: this rank
-    // then holds those of j = rank + 1 − cp ≡ next, so one more hop brings every sum home (with one
-    // rank they are home already).
-    if (cp_ == 1) break;
-    comm_.send_recv(packet_bytes(1 - cur, tokens, step + 1 < cp_, true), prev,
-                    packet_bytes(cur, tokens, step + 1 < cp_, true), next);
+    comm_.join();
+    if (step > 0) {
+      for (int which : {0, 1}) {
+        Tensor mine = sum_dkv(part, which, tokens).view({tokens * nkv_ * dim_});
+        ops_.add(mine, mine, sum_dkv(arriving, which, tokens).view({tokens * nkv_ * dim_}));
+      }
+    }
+    std::swap(part, leaving);
     cur = 1 - cur;
   }
+  // The last sums (of j = r + 1 − cp ≡ next) make one more hop, and this rank's own arrive; with
+  // one rank they are home already.
+  int home = leaving;
+  if (cp_ > 1) {
+    comm_.send_recv(sum(arriving, tokens), prev, sum(leaving, tokens), next);
+    comm_.join();
+    home = arriving;
+  }
   ops_.copy(dq, dq_acc);
-  ops_.copy(dk, packet_dkv(cur, 0, tokens));
-  ops_.copy(dv, packet_dkv(cur, 1, tokens));
+  ops_.copy(dk, sum_dkv(home, 0, tokens));
+  ops_.copy(dv, sum_dkv(home, 1, tokens));
 }
 
 }  // namespace mop

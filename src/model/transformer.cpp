@@ -102,7 +102,7 @@ void Transformer::allocate() {
   if (ring_) {
     ring_attention_ = std::make_unique<RingAttention>(*opt_.groups->cp_data, ops_, opt_.max_batch,
                                                       opt_.max_seq, d_.heads, d_.kv_heads,
-                                                      d_.head_dim, cdt_);
+                                                      d_.head_dim, cdt_, opt_.groups->cp_ring.get());
   } else if (cp_ > 1) {
     MOP_CHECK(d_.heads % cp_ == 0 && d_.kv_heads % cp_ == 0, "Ulysses attention needs the heads "
               "to divide by cp");

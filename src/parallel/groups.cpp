@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include "model/sequence_parallel.h"
 #include "ops/ops.h"
 #include "parallel/mpi_comm.h"
 
@@ -85,6 +86,11 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& 
       g->world_grad = side_comm(MPI_COMM_WORLD, grad);
       g->edp_grad = side_comm(edp, grad);
     }
+    if (g->cp_size > 1 && use_ring_attention(cfg.parallel.attention.impl, cfg.model.num_heads,
+                                             cfg.model.num_kv_heads, g->cp_size)) {
+      cudaStream_t ring = nullptr;
+      g->cp_ring = side_comm(cp, ring);
+    }
     if (g->ep_size > 1) {
       cudaStream_t dispatch = nullptr, combine = nullptr;
       g->ep_dispatch = side_comm(ep, dispatch);
@@ -97,7 +103,7 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& 
 
 ParallelGroups::~ParallelGroups() {
   // The communicators before their streams.
-  world_grad.reset(), edp_grad.reset(), ep_dispatch.reset(), ep_combine.reset();
+  world_grad.reset(), edp_grad.reset(), ep_dispatch.reset(), ep_combine.reset(), cp_ring.reset();
 #ifdef MOP_HAVE_CUDA
   for (void* s : side_streams) cudaStreamDestroy(static_cast<cudaStream_t>(s));
 #endif

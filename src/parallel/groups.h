@@ -33,6 +33,9 @@ struct ParallelGroups {
   // bring tokens to the experts and one for those that return them, each on its own stream
   // (ExpertDispatcher overlaps them with the experts). Null on CPU ranks (ep_data serves).
   std::unique_ptr<Comm> ep_dispatch, ep_combine;
+  // GPU ranks with ring attention: the K/V ring's own communicator and stream (RingAttention
+  // overlaps each step's transfers with its blocks). Null otherwise (cp_data serves).
+  std::unique_ptr<Comm> cp_ring;
   std::vector<void*> side_streams;  // cudaStream_t of the asynchronous comms above, owned
   // Several ranks: every collective above is watched (parallel.collective_timeout).
   std::unique_ptr<CollectiveWatchdog> watchdog;

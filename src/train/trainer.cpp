@@ -144,7 +144,8 @@ void Trainer::build() {
                             {&groups_->world_grad, "gradient sums (world)"},
                             {&groups_->edp_grad, "gradient sums (edp)"},
                             {&groups_->ep_dispatch, "expert dispatch"},
-                            {&groups_->ep_combine, "expert combine"}})
+                            {&groups_->ep_combine, "expert combine"},
+                            {&groups_->cp_ring, "ring attention"}})
       if (*c) *c = time_comm(std::move(*c), *timed_, label);
   dp_size_ = groups_->dp_size;
   dp_rank_ = groups_->dp;
