@@ -1,18 +1,140 @@
-// HostOffload on CPU runs: gradients are copied aside when final (so the next step may zero them),
-// a dispatcher thread runs each parameter's host AdamW on the worker pool in forward order and
-// then writes its compute weights; weights_ready() waits for a stage's parameters.
-#include <chrono>
-#include <condition_variable>
-#include <cstring>
-#include <mutex>
-#include <thread>
-
-#include "core/memory.h"
-#include "core/thread_pool.h"
-#include "optim/host_adamw.h"
+// HostOffload's shared pipeline (dispatcher thread, rounds, waits, stats, trace) and the CPU
+// backend: gradients are copied aside when final (so the next step may zero them) and the
+// dispatcher writes each parameter's compute weights itself.
 #include "optim/host_offload.h"
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/memory.h"
+#include "optim/host_adamw.h"
+
 namespace mop {
+
+namespace {
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+HostOffload::HostOffload(std::vector<HostParam> params, int threads)
+    : params_(std::move(params)), pool_(threads), copied_(params_.size(), false),
+      done_gen_(params_.size(), 0) {}
+
+HostOffload::~HostOffload() {
+  if (dispatcher_.joinable()) {  // a backend that did not stop() its dispatcher: a bug
+    std::fprintf(stderr, "internal error: HostOffload destroyed with its dispatcher running\n");
+    std::abort();
+  }
+}
+
+void HostOffload::start() { dispatcher_ = std::thread([this] { run(); }); }
+
+void HostOffload::stop() {
+  if (!dispatcher_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  dispatcher_.join();
+}
+
+void HostOffload::grads_final(int stage) {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].stage == stage && !copied_[i]) {
+      const double bytes = copy_grad(i);
+      copied_[i] = true;
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.bytes_to_host += bytes;
+    }
+}
+
+void HostOffload::update(const std::vector<AdamWArgs>& args, bool overlap) {
+  MOP_CHECK(args.size() == params_.size(), "host update arguments");
+  drain();  // one round at a time
+  for (const HostParam& p : params_) grads_final(p.stage);  // those not final yet
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    args_ = args;
+    ++gen_;
+    busy_ = true;
+  }
+  std::fill(copied_.begin(), copied_.end(), false);
+  cv_.notify_all();
+  if (!overlap) drain();
+}
+
+void HostOffload::weights_ready(int stage) {
+  const double t0 = now();
+  std::vector<size_t> updated;  // the stage's parameters updated at least once
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] {
+      for (size_t i = 0; i < params_.size(); ++i)
+        if (params_[i].stage == stage && done_gen_[i] < gen_) return false;
+      return true;
+    });
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].stage == stage && done_gen_[i] > 0) updated.push_back(i);
+  }
+  for (size_t i : updated) weights_used(i);
+  const double t1 = now();
+  if (t1 - t0 > 1e-5) trace("wait stage " + std::to_string(stage), "main thread (waits)", t0, t1);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.wait_seconds += t1 - t0;
+}
+
+void HostOffload::drain() {
+  const double t0 = now();
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !busy_; });
+  }
+  drained();
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.wait_seconds += now() - t0;
+}
+
+OffloadStats HostOffload::take_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  OffloadStats s = stats_;
+  stats_ = OffloadStats{};
+  return s;
+}
+
+void HostOffload::run() {
+  dispatcher_started();
+  for (;;) {
+    std::vector<AdamWArgs> args;
+    uint64_t gen;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || busy_; });
+      if (stop_ && !busy_) return;
+      args = args_;
+      gen = gen_;
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      before_update(i);
+      const double t0 = now();
+      update_param(i, args[i]);
+      const double t1 = now();
+      const double bytes = after_update(i);
+      trace("update param " + std::to_string(params_[i].param), "host optimizer (dispatcher)", t0, t1);
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.update_seconds += t1 - t0;
+      stats_.bytes_to_device += bytes;
+      done_gen_[i] = gen;
+      cv_.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = false;
+    cv_.notify_all();
+  }
+}
 
 void HostOffload::set_tracing(bool on) {
   std::lock_guard<std::mutex> lock(trace_mu_);
@@ -34,14 +156,10 @@ void HostOffload::trace(const std::string& name, const char* track, double start
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 class CpuHostOffload final : public HostOffload {
  public:
   CpuHostOffload(Ops& ops, std::vector<HostParam> params, int threads)
-      : ops_(ops), params_(std::move(params)), pool_(threads), done_gen_(params_.size(), 0) {
+      : HostOffload(std::move(params), threads), ops_(ops) {
     int64_t total = 0;
     for (const HostParam& p : params_) {
       MOP_CHECK(p.grad.dtype == DType::F32, "host optimizer on the CPU needs fp32 gradients");
@@ -49,69 +167,9 @@ class CpuHostOffload final : public HostOffload {
       total += p.grad.numel();
     }
     grads_ = Buffer(MemKind::Host, size_t(total) * sizeof(float));
-    copied_.assign(params_.size(), false);
-    dispatcher_ = std::thread([this] { run(); });
+    start();
   }
-
-  ~CpuHostOffload() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    dispatcher_.join();
-  }
-
-  void grads_final(int stage) override {
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (params_[i].stage == stage) copy_grad(i);
-  }
-
-  void update(const std::vector<AdamWArgs>& args, bool overlap) override {
-    MOP_CHECK(args.size() == params_.size(), "host update arguments");
-    drain();  // one round at a time
-    for (size_t i = 0; i < params_.size(); ++i)
-      if (!copied_[i]) copy_grad(i);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      args_ = args;
-      ++gen_;
-      busy_ = true;
-    }
-    std::fill(copied_.begin(), copied_.end(), false);
-    cv_.notify_all();
-    if (!overlap) drain();
-  }
-
-  void weights_ready(int stage) override {
-    double t0 = now();
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] {
-      for (size_t i = 0; i < params_.size(); ++i)
-        if (params_[i].stage == stage && done_gen_[i] < gen_) return false;
-      return true;
-    });
-    double t1 = now();
-    stats_.wait_seconds += t1 - t0;
-    lock.unlock();
-    if (t1 - t0 > 1e-5) trace("wait stage " + std::to_string(stage), "main thread (waits)", t0, t1);
-  }
-
-  void drain() override {
-    double t0 = now();
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !busy_; });
-    stats_.wait_seconds += now() - t0;
-  }
-
-  OffloadStats take_stats() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    OffloadStats s = stats_;
-    stats_ = OffloadStats{};
-    return s;
-  }
-
-  const std::vector<HostParam>& params() const override { return params_; }
+  ~CpuHostOffload() override { stop(); }
 
  private:
   Tensor staged_grad(size_t i) const {
@@ -119,61 +177,26 @@ class CpuHostOffload final : public HostOffload {
                   {params_[i].grad.numel()});
   }
 
-  void copy_grad(size_t i) {
+  double copy_grad(size_t i) override {
     std::memcpy(staged_grad(i).data, params_[i].grad.data, params_[i].grad.bytes());
-    copied_[i] = true;
+    return 0;  // within host memory
   }
 
-  void run() {
-    for (;;) {
-      std::vector<AdamWArgs> args;
-      uint64_t gen;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || busy_; });
-        if (stop_ && !busy_) return;
-        args = args_;
-        gen = gen_;
-      }
-      for (size_t i = 0; i < params_.size(); ++i) {
-        const HostParam& p = params_[i];
-        double t0 = now();
-        host_adamw_run(pool_, host_adamw_range(p.master.view({p.master.numel()}),
-                                               p.m.view({p.m.numel()}), p.v.view({p.v.numel()}),
-                                               staged_grad(i)),
-                       args[i]);
-        // Compute weights ← master: a plain copy for fp32 weights, a conversion otherwise.
-        if (p.weights.dtype == DType::F32)
-          std::memcpy(p.weights.data, p.master.data, p.master.bytes());
-        else
-          ops_.copy(p.weights, p.master);
-        double t1 = now();
-        trace("update param " + std::to_string(p.param), "host optimizer (dispatcher)", t0, t1);
-        std::lock_guard<std::mutex> lock(mu_);
-        stats_.update_seconds += t1 - t0;
-        done_gen_[i] = gen;
-        cv_.notify_all();
-      }
-      std::lock_guard<std::mutex> lock(mu_);
-      busy_ = false;
-      cv_.notify_all();
-    }
+  void update_param(size_t i, const AdamWArgs& args) override {
+    const HostParam& p = params_[i];
+    host_adamw_run(pool_, host_adamw_range(p.master.view({p.master.numel()}), p.m.view({p.m.numel()}),
+                                           p.v.view({p.v.numel()}), staged_grad(i)),
+                   args);
+    // Compute weights ← master: a plain copy for fp32 weights, a conversion otherwise.
+    if (p.weights.dtype == DType::F32)
+      std::memcpy(p.weights.data, p.master.data, p.master.bytes());
+    else
+      ops_.copy(p.weights, p.master);
   }
 
   Ops& ops_;
-  std::vector<HostParam> params_;
-  ThreadPool pool_;
   std::vector<int64_t> offsets_;
-  Buffer grads_;              // gradients copied aside, one range per parameter
-  std::vector<bool> copied_;  // main thread only
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<AdamWArgs> args_;
-  std::vector<uint64_t> done_gen_;
-  uint64_t gen_ = 0;
-  bool busy_ = false, stop_ = false;
-  OffloadStats stats_;
-  std::thread dispatcher_;
+  Buffer grads_;  // gradients copied aside, one range per parameter
 };
 
 }  // namespace
