@@ -226,7 +226,7 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
     disp.run(xp, yp, xpl, ypl, arena_.tensor(s_.dispatch_scratch),
              [&](const ExpertDispatcher::Chunk& k) { experts_fwd(P, a, k, xpl, ypl); });
   } else {
-    experts_fwd(P, a, {0, 0, d_.experts_local, 0, TK, offsets_host}, xp, yp);
+    experts_fwd(P, a, {0, d_.experts_local, 0, TK, offsets_host}, xp, yp);
   }
   ops_.moe_unpermute_fwd(x_out, yp, slot_of, topk_w, /*accumulate=*/true);
   if (d_.shared_ffn) ffn_fwd(P.shared_gate_up, P.shared_down, a.shared_gu, a.shared_h, ln2, x_out, T);
@@ -245,7 +245,7 @@ void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln
     disp.run(dyp, dxp, dypl, dxpl, arena_.tensor(s_.dispatch_scratch),
              [&](const ExpertDispatcher::Chunk& k) { experts_bwd(P, a, k, xpl, dypl, dxpl); });
   } else {
-    experts_bwd(P, a, {0, 0, d_.experts_local, 0, TK, host_arena_.tensor(a.offsets_host)},
+    experts_bwd(P, a, {0, d_.experts_local, 0, TK, host_arena_.tensor(a.offsets_host)},
                 act(a.xp, TK), dyp, dxp);
   }
   ops_.moe_permute_bwd(dln, dxp, slot_of, int(K), /*accumulate=*/false);

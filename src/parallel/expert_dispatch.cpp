@@ -79,7 +79,6 @@ void ExpertDispatcher::plan(const int32_t* counts) {
 ExpertDispatcher::Chunk ExpertDispatcher::chunk(int c) const {
   MOP_CHECK(c >= 0 && c < chunks_, "expert chunk ", c, " of ", chunks_);
   Chunk k;
-  k.index = c;
   k.e0 = chunk_e0_[size_t(c)], k.e1 = chunk_e0_[size_t(c + 1)];
   const int32_t* offs = local_offsets_.ptr<int32_t>();
   k.row0 = offs[k.e0], k.rows = offs[k.e1] - offs[k.e0];

@@ -38,11 +38,9 @@ class ExpertDispatcher {
   void plan(const int32_t* counts);  // host I32 [num_experts]: this rank's rows per expert
   int64_t rows_out() const { return rows_out_; }  // rows this rank sends (Σ counts)
   int64_t rows_in() const { return rows_in_; }    // rows it receives for its experts
-  const Tensor& local_offsets() const { return local_offsets_; }  // host I32 [E_local + 1]
   int num_chunks() const { return chunks_; }
 
   struct Chunk {
-    int index;
     int64_t e0, e1;      // local experts [e0, e1)
     int64_t row0, rows;  // rows [row0, row0 + rows) of the local layout
     Tensor offsets;      // host I32 [e1 - e0 + 1]: the experts' rows, from 0 (grouped GEMMs)
