@@ -44,7 +44,7 @@ class SlowComm final : public Comm {
 
 }  // namespace
 
-TEST_CASE("timed ops: categories, phases, communication, trace, no nesting") {
+TEST_CASE("timed ops: categories, phases, communication, trace, no nesting", "[cpu][ops]") {
   TimedOps timed(make_cpu_ops());
   auto comm = time_comm(std::make_unique<SlowComm>(0.02), timed, "slow");
   test::HostTensor a(DType::F32, {64, 64}), b(DType::F32, {64, 64}), c(DType::F32, {64, 64});
