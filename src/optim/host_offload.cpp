@@ -3,6 +3,7 @@
 // dispatcher writes each parameter's compute weights itself.
 #include "optim/host_offload.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -66,6 +67,8 @@ void HostOffload::update(const std::vector<AdamWArgs>& args, bool overlap) {
   cv_.notify_all();
   if (!overlap) drain();
 }
+
+void HostOffload::discard_grads() { std::fill(copied_.begin(), copied_.end(), false); }
 
 void HostOffload::weights_ready(int stage) {
   const double t0 = now();

@@ -52,6 +52,9 @@ class HostOffload {
   // Update every host parameter with args[i] (for params()[i]); starts at once, and returns when
   // done unless `overlap` (then weights_ready() gates their use).
   void update(const std::vector<AdamWArgs>& args, bool overlap);
+  // The step's gradients will not be used (a skipped step): the next step's grads_final() moves
+  // its own, also for the stages this step already moved.
+  void discard_grads();
   // Before the forward reads the weights of `stage`: wait for them (on the GPU: make the compute
   // stream wait).
   void weights_ready(int stage);

@@ -136,7 +136,10 @@ StepReport Optimizer::step(float lr) {
     if (bad > 0 && r.nonfinite_param.empty()) r.nonfinite_param = "a parameter on another rank";
   }
   r.grad_norm = std::sqrt(local + shard);
-  if (!r.nonfinite_param.empty()) return r;  // the caller skips the step or aborts
+  if (!r.nonfinite_param.empty()) {  // the caller skips the step or aborts
+    if (offload_) offload_->discard_grads();
+    return r;
+  }
 
   float scale = 1.0f;
   if (cfg_.grad_clip > 0 && r.grad_norm > cfg_.grad_clip)

@@ -1,6 +1,7 @@
 // Optimizer step and LR schedules: clipping as torch's clip_grad_norm_, no decay on norms, a
 // non-finite gradient names the first offending parameter and changes nothing, schedule shapes.
 #include <cmath>
+#include <cstring>
 
 #include "catch.h"
 #include "config/config.h"
@@ -95,4 +96,40 @@ TEST_CASE("lr schedules: warmup, cosine, wsd, constant", "[cpu][optim]") {
   CHECK(learning_rate(o, 99, 100) == Approx(0.1));
   o.schedule = "constant";
   CHECK(learning_rate(o, 99, 100) == 1.0);
+}
+
+TEST_CASE("optimizer: host-placed state after a skipped step updates with the next step's gradients",
+          "[cpu][optim]") {
+  // Host-placed parameters move their gradients aside as backward finishes each stage
+  // (grads_final). A step skipped for a non-finite gradient must not leave those copies for the
+  // next step: its update has to match the native optimizer's, bit for bit.
+  Setup native;
+  const int n = native.params.num_params();
+  ParamStore params{native.layout, DType::F32, DType::F32, MemKind::Host};
+  Optimizer host{native.cfg.optim, params, *native.ops, std::vector<bool>(size_t(n), true), 2};
+  host.init_weights(3);
+  REQUIRE(host.num_host_params() == n);
+  const int stages = int(native.layout.dims.layers) + 2;
+  const int victim = native.layout.layers[0].experts_down;
+  auto step = [&](ParamStore& ps, Optimizer& o, bool poisoned) {
+    for (int p = 0; p < n; ++p) native.ops->fill(ps.grad(p), (poisoned ? 0.75 : 0.25) + 0.01 * p);
+    if (poisoned) ps.grad(victim).ptr<float>()[1] = std::nanf("");
+    for (int s = 0; s < stages; ++s) o.grads_final(s);
+    const bool applied = o.step(0.1f).applied;
+    o.drain();
+    return applied;
+  };
+  CHECK_FALSE(step(native.params, native.optim, true));
+  CHECK_FALSE(step(params, host, true));
+  CHECK(step(native.params, native.optim, false));
+  CHECK(step(params, host, false));
+  Tensor a = native.params.weights_flat(), b = params.weights_flat();
+  REQUIRE(a.numel() == b.numel());
+  int64_t differ = 0, nonfinite = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    differ += std::memcmp(a.ptr<float>() + i, b.ptr<float>() + i, sizeof(float)) != 0;
+    nonfinite += !std::isfinite(b.ptr<float>()[i]);
+  }
+  CHECK(nonfinite == 0);
+  CHECK(differ == 0);
 }
