@@ -24,16 +24,6 @@ bool is_other_safetensors_dtype(std::string_view s) {
   return false;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(shape[i]);
-  }
-  s += ']';
-  return s;
-}
-
 struct Span {
   uint64_t begin, end;
   const std::string* name;
@@ -83,7 +73,7 @@ void parse_file(const uint8_t* base, uint64_t size, const std::string& src,
       if (dim < 0) throw_user_error(tw, ": negative dimension ", dim, " in shape");
       t.shape.push_back(dim);
       if (__builtin_mul_overflow(numel, uint64_t(dim), &numel))
-        throw_user_error(tw, ": shape ", shape_text(t.shape), "... has too many elements");
+        throw_user_error(tw, ": shape ", shape_str(t.shape), "... has too many elements");
     }
     const Json::Array& offsets = entry.at("data_offsets", tw).as_array(tw + ": data_offsets");
     if (offsets.size() != 2) throw_user_error(tw, ": data_offsets must be [begin, end]");
@@ -97,7 +87,7 @@ void parse_file(const uint8_t* base, uint64_t size, const std::string& src,
     uint64_t bytes;
     if (__builtin_mul_overflow(numel, uint64_t(dtype_size(t.dtype)), &bytes) ||
         bytes != end - begin)
-      throw_user_error(tw, ": shape ", shape_text(t.shape), " of ", dtype_str, " needs ", numel,
+      throw_user_error(tw, ": shape ", shape_str(t.shape), " of ", dtype_str, " needs ", numel,
                        " × ", dtype_size(t.dtype), " bytes but data_offsets [", begin, ", ", end,
                        "] hold ", end - begin);
     t.data = data + begin;

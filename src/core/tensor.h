@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -85,16 +86,21 @@ struct Tensor {
     return r;
   }
 
-  std::string shape_str() const {
-    std::string s = "[";
-    for (int i = 0; i < ndim; ++i) {
-      if (i) s.push_back(',');
-      s.append(std::to_string(shape[i]));
-    }
-    s.push_back(']');
-    return s;
-  }
+  std::string shape_str() const;
 };
+
+// "[d0,d1,…]": how messages print a shape.
+inline std::string shape_str(const int64_t* dims, size_t n) {
+  std::string s = "[";
+  for (size_t i = 0; i < n; ++i) {
+    if (i) s.push_back(',');
+    s.append(std::to_string(dims[i]));
+  }
+  s.push_back(']');
+  return s;
+}
+inline std::string shape_str(const std::vector<int64_t>& dims) { return shape_str(dims.data(), dims.size()); }
+inline std::string Tensor::shape_str() const { return mop::shape_str(shape.data(), size_t(ndim)); }
 
 // Shape comparison for preconditions: MOP_CHECK(same_shape(a, b), ...).
 inline bool same_shape(const Tensor& a, const Tensor& b) {

@@ -14,7 +14,6 @@ namespace mop {
 
 namespace {
 
-
 // The fp32 view of checkpoint tensor `v` inside parameter tensor `param` (a flat-buffer slot).
 Tensor hf_slice(const Tensor& param, const HfView& v) {
   MOP_CHECK(param.device == Device::CPU, "checkpoint tensors are read and written from host memory");
@@ -22,16 +21,6 @@ Tensor hf_slice(const Tensor& param, const HfView& v) {
   t.ndim = int(v.shape.size());
   for (int i = 0; i < t.ndim; ++i) t.shape[i] = v.shape[i];
   return t;
-}
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) out.push_back(',');
-    out.append(std::to_string(s[i]));
-  }
-  out.push_back(']');
-  return out;
 }
 
 // Keys under model./moe. whose values differ between two configs: "model.hidden_size 256 → 128".

@@ -12,19 +12,6 @@ namespace mop {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) out += ',';
-    out += std::to_string(s[i]);
-  }
-  return out + "]";
-}
-
-}  // namespace
-
 std::string resolve_checkpoint_path(const std::string& path, const std::string& flag) {
   std::error_code ec;
   if (fs::is_regular_file(fs::path(path) / kManifestName, ec)) return path;
@@ -53,7 +40,7 @@ const SafetensorsTensor& CheckpointTensors::at(const HfView& v) const {
     MOP_USER_CHECK(t->dtype == DType::F32, f.path().string(), ": tensor '", v.name, "' is ",
                    dtype_name(t->dtype), ", expected f32");
     MOP_USER_CHECK(t->shape == v.shape, f.path().string(), ": tensor '", v.name, "' has shape ",
-                   shape_text(t->shape), ", the checkpoint's config implies ", shape_text(v.shape));
+                   shape_str(t->shape), ", the checkpoint's config implies ", shape_str(v.shape));
     return *t;
   }
   throw_user_error("checkpoint ", dir_, ": no tensor '", v.name, "'");

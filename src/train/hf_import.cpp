@@ -18,15 +18,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) out += ',';
-    out += std::to_string(s[i]);
-  }
-  return out + "]";
-}
-
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
@@ -75,7 +66,7 @@ HfImportResult import_hf(const std::string& hf_dir, const std::string& out,
                    file, ": tensor '", spec.name, "' is ", dtype_name(t->dtype),
                    "; expected a float tensor");
     MOP_USER_CHECK(t->shape == spec.shape, file, ": tensor '", spec.name, "' has shape ",
-                   shape_text(t->shape), "; config.json implies ", shape_text(spec.shape));
+                   shape_str(t->shape), "; config.json implies ", shape_str(spec.shape));
     used[spec.name] = true;
     r.num_params += spec.numel();
     for (const HfView& part : spec.parts) largest = std::max(largest, numel_of(part.shape));
