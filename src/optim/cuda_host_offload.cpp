@@ -1,11 +1,13 @@
 // HostOffload on the GPU (the pipeline is HostOffload's). Streams: the backend's compute stream
 // converts each final fp32 gradient to bf16 (device staging) and records `converted`; the copy
 // stream moves it to pinned host memory and records `on_host`; the dispatcher thread waits for
-// that event, runs the host AdamW (writing bf16 weights to pinned staging), queues the upload on
-// the upload stream and records `uploaded`; weights_ready() makes the compute stream wait for
-// `uploaded`. A parameter's host weights staging is rewritten only in the next round, after the
-// next forward has waited for its upload.
+// that event, runs the host AdamW (writing bf16 weights to pinned staging), queues their upload
+// on the upload stream piece by piece as the update writes them, and records `uploaded`;
+// weights_ready() makes the compute stream wait for `uploaded`. A parameter's host weights
+// staging is rewritten only in the next round, after the next forward has waited for its upload.
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "core/cuda_check.h"
 #include "core/memory.h"
@@ -84,22 +86,32 @@ class CudaHostOffload final : public HostOffload {
 
   void before_update(size_t i) override { MOP_CUDA_CHECK(cudaEventSynchronize(events_[i].on_host)); }
 
-  void update_param(size_t i, const AdamWArgs& args) override {
+  // With weights out, the parameter goes in pieces, each uploaded as soon as it is written, so
+  // the upload of a large parameter (an expert tensor: 0.8 GB, 16 ms) overlaps its own update and
+  // the forward waits only for the last piece.
+  void update_param(size_t i, const AdamWArgs& args, Pass pass) override {
     const HostParam& p = params_[i];
-    host_adamw_run(pool_,
-                   host_adamw_range(p.master.view({p.master.numel()}), p.m.view({p.m.numel()}),
-                                    p.v.view({p.v.numel()}), slice(grad_host_, i, Device::CPU),
-                                    slice(weights_host_, i, Device::CPU)),
-                   args);
+    HostAdamWRange r = host_adamw_range(
+        p.master.view({p.master.numel()}), p.m.view({p.m.numel()}), p.v.view({p.v.numel()}),
+        slice(grad_host_, i, Device::CPU),
+        pass == Pass::State ? Tensor() : slice(weights_host_, i, Device::CPU));
+    r.write_state = pass != Pass::Weights;
+    if (pass == Pass::State) return host_adamw_run(pool_, r, args);
+    for (int64_t b = 0; b < r.n; b += kUploadPiece) {
+      const int64_t e = std::min(r.n, b + kUploadPiece);
+      host_adamw_run(pool_, r.slice(b, e), args);
+      MOP_CUDA_CHECK(cudaMemcpyAsync(static_cast<bf16*>(p.weights.data) + b, r.weights + b,
+                                     size_t(e - b) * sizeof(bf16), cudaMemcpyHostToDevice, upload_));
+    }
   }
 
   double after_update(size_t i) override {
-    Tensor weights = slice(weights_host_, i, Device::CPU);
-    MOP_CUDA_CHECK(cudaMemcpyAsync(params_[i].weights.data, weights.data, weights.bytes(),
-                                   cudaMemcpyHostToDevice, upload_));
     MOP_CUDA_CHECK(cudaEventRecord(events_[i].uploaded, upload_));
-    return double(weights.bytes());
+    return double(params_[i].weights.bytes());
   }
+
+  // 32 MB of bf16 weights: 0.6 ms of upload, ~2 ms of update on 16 cores.
+  static constexpr int64_t kUploadPiece = int64_t(1) << 24;
 
   CudaOps& ops_;
   int device_ = 0;

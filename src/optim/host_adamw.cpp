@@ -55,20 +55,30 @@ inline float grad_to_float(bf16 g) {
   return bf16_to_float(g);
 }
 
-// Elements [begin, end): the reference loop body, operation for operation.
-template <class G>
-void update_scalar(float* p, float* m, float* v, const G* grad, bf16* w, int64_t begin, int64_t end,
-                   const AdamWConsts& c) {
+inline bf16 to_weight(float x, const bf16*) {
+  return float_to_bf16(x);
+}
+inline float to_weight(float x, const float*) {
+  return x;
+}
+
+// Elements [begin, end): the reference loop body, operation for operation. W: the weights'
+// type (bf16 or float). Without `state` master, m and v are only read.
+template <class G, class W>
+void update_scalar(float* p, float* m, float* v, const G* grad, W* w, bool state, int64_t begin,
+                   int64_t end, const AdamWConsts& c) {
   for (int64_t i = begin; i < end; ++i) {
     const float g = grad_to_float(grad[i]) * c.grad_scale;
     const float mi = c.beta1 * m[i] + c.one_minus_beta1 * g;
     const float vi = c.beta2 * v[i] + c.one_minus_beta2 * (g * g);
     const float denom = std::sqrt(vi) / c.sqrt_bc2 + c.eps;
     const float pi = p[i] * c.decay - (c.step_size * mi) / denom;
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-    if (w) w[i] = float_to_bf16(pi);
+    if (state) {
+      p[i] = pi;
+      m[i] = mi;
+      v[i] = vi;
+    }
+    if (w) w[i] = to_weight(pi, w);
   }
 }
 
@@ -86,7 +96,11 @@ void update_scalar(float* p, float* m, float* v, const G* grad, bf16* w, int64_t
 // addresses, so the elements before alignment go through the scalar code; the sfence makes the
 // streamed lines globally visible before the pool reports the chunk done.
 inline int64_t elements_to_alignment(const bf16* w, uintptr_t align) {
-  return int64_t((align - reinterpret_cast<uintptr_t>(w) % align) % align / sizeof(bf16));
+  return w ? int64_t((align - reinterpret_cast<uintptr_t>(w) % align) % align / sizeof(bf16)) : 0;
+}
+// fp32 weights (CPU runs) are stored plainly: no alignment needed.
+inline int64_t elements_to_alignment(const float*, uintptr_t) {
+  return 0;
 }
 
 // ---- AVX-512: 16 floats -------------------------------------------------------------------------
@@ -113,17 +127,24 @@ MOP_AVX512 inline __m256i to_bf16_16(__m512 x) {
   return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, quiet_nan));
 }
 
-template <class G>
-MOP_AVX512 void update_avx512(float* p, float* m, float* v, const G* grad, bf16* w, int64_t n,
-                              const AdamWConsts& c) {
+MOP_AVX512 inline void store_weights16(bf16* w, __m512 x) {
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(w), to_bf16_16(x));
+}
+MOP_AVX512 inline void store_weights16(float* w, __m512 x) {
+  _mm512_storeu_ps(w, x);
+}
+
+template <class G, class W>
+MOP_AVX512 void update_avx512(float* p, float* m, float* v, const G* grad, W* w, bool state,
+                              int64_t n, const AdamWConsts& c) {
   const __m512 beta1 = _mm512_set1_ps(c.beta1), beta2 = _mm512_set1_ps(c.beta2);
   const __m512 one_minus_beta1 = _mm512_set1_ps(c.one_minus_beta1);
   const __m512 one_minus_beta2 = _mm512_set1_ps(c.one_minus_beta2);
   const __m512 step_size = _mm512_set1_ps(c.step_size), sqrt_bc2 = _mm512_set1_ps(c.sqrt_bc2);
   const __m512 eps = _mm512_set1_ps(c.eps), decay = _mm512_set1_ps(c.decay);
   const __m512 grad_scale = _mm512_set1_ps(c.grad_scale);
-  int64_t i = w ? std::min(n, elements_to_alignment(w, 32)) : 0;
-  update_scalar(p, m, v, grad, w, 0, i, c);
+  int64_t i = std::min(n, elements_to_alignment(w, 32));
+  update_scalar(p, m, v, grad, w, state, 0, i, c);
   for (; i + 16 <= n; i += 16) {
     const __m512 g = _mm512_mul_ps(load16(grad + i), grad_scale);
     const __m512 mi = _mm512_add_ps(_mm512_mul_ps(beta1, _mm512_loadu_ps(m + i)),
@@ -133,13 +154,15 @@ MOP_AVX512 void update_avx512(float* p, float* m, float* v, const G* grad, bf16*
     const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), sqrt_bc2), eps);
     const __m512 pi = _mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(p + i), decay),
                                     _mm512_div_ps(_mm512_mul_ps(step_size, mi), denom));
-    _mm512_storeu_ps(p + i, pi);
-    _mm512_storeu_ps(m + i, mi);
-    _mm512_storeu_ps(v + i, vi);
-    if (w) _mm256_stream_si256(reinterpret_cast<__m256i*>(w + i), to_bf16_16(pi));
+    if (state) {
+      _mm512_storeu_ps(p + i, pi);
+      _mm512_storeu_ps(m + i, mi);
+      _mm512_storeu_ps(v + i, vi);
+    }
+    if (w) store_weights16(w + i, pi);
   }
   _mm_sfence();
-  update_scalar(p, m, v, grad, w, i, n, c);
+  update_scalar(p, m, v, grad, w, state, i, n, c);
 }
 
 // ---- AVX2: 8 floats -----------------------------------------------------------------------------
@@ -166,8 +189,15 @@ MOP_AVX2 inline __m128i to_bf16_8(__m256 x) {
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
-template <class G>
-MOP_AVX2 void update_avx2(float* p, float* m, float* v, const G* grad, bf16* w, int64_t n,
+MOP_AVX2 inline void store_weights8(bf16* w, __m256 x) {
+  _mm_stream_si128(reinterpret_cast<__m128i*>(w), to_bf16_8(x));
+}
+MOP_AVX2 inline void store_weights8(float* w, __m256 x) {
+  _mm256_storeu_ps(w, x);
+}
+
+template <class G, class W>
+MOP_AVX2 void update_avx2(float* p, float* m, float* v, const G* grad, W* w, bool state, int64_t n,
                           const AdamWConsts& c) {
   const __m256 beta1 = _mm256_set1_ps(c.beta1), beta2 = _mm256_set1_ps(c.beta2);
   const __m256 one_minus_beta1 = _mm256_set1_ps(c.one_minus_beta1);
@@ -175,8 +205,8 @@ MOP_AVX2 void update_avx2(float* p, float* m, float* v, const G* grad, bf16* w, 
   const __m256 step_size = _mm256_set1_ps(c.step_size), sqrt_bc2 = _mm256_set1_ps(c.sqrt_bc2);
   const __m256 eps = _mm256_set1_ps(c.eps), decay = _mm256_set1_ps(c.decay);
   const __m256 grad_scale = _mm256_set1_ps(c.grad_scale);
-  int64_t i = w ? std::min(n, elements_to_alignment(w, 16)) : 0;
-  update_scalar(p, m, v, grad, w, 0, i, c);
+  int64_t i = std::min(n, elements_to_alignment(w, 16));
+  update_scalar(p, m, v, grad, w, state, 0, i, c);
   for (; i + 8 <= n; i += 8) {
     const __m256 g = _mm256_mul_ps(load8(grad + i), grad_scale);
     const __m256 mi = _mm256_add_ps(_mm256_mul_ps(beta1, _mm256_loadu_ps(m + i)),
@@ -186,36 +216,46 @@ MOP_AVX2 void update_avx2(float* p, float* m, float* v, const G* grad, bf16* w, 
     const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), sqrt_bc2), eps);
     const __m256 pi = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(p + i), decay),
                                     _mm256_div_ps(_mm256_mul_ps(step_size, mi), denom));
-    _mm256_storeu_ps(p + i, pi);
-    _mm256_storeu_ps(m + i, mi);
-    _mm256_storeu_ps(v + i, vi);
-    if (w) _mm_stream_si128(reinterpret_cast<__m128i*>(w + i), to_bf16_8(pi));
+    if (state) {
+      _mm256_storeu_ps(p + i, pi);
+      _mm256_storeu_ps(m + i, mi);
+      _mm256_storeu_ps(v + i, vi);
+    }
+    if (w) store_weights8(w + i, pi);
   }
   _mm_sfence();
-  update_scalar(p, m, v, grad, w, i, n, c);
+  update_scalar(p, m, v, grad, w, state, i, n, c);
 }
 #endif  // MOP_HAVE_X86_SIMD
 
-template <class G>
-void update_with(SimdIsa isa, const HostAdamWRange& r, const AdamWConsts& c) {
+template <class G, class W>
+void update_with(SimdIsa isa, const HostAdamWRange& r, W* w, const AdamWConsts& c) {
   const G* grad = static_cast<const G*>(r.grad);
   switch (isa) {
 #ifdef MOP_HAVE_X86_SIMD
     case SimdIsa::Avx512:
-      return update_avx512(r.master, r.m, r.v, grad, r.weights, r.n, c);
+      return update_avx512(r.master, r.m, r.v, grad, w, r.write_state, r.n, c);
     case SimdIsa::Avx2:
-      return update_avx2(r.master, r.m, r.v, grad, r.weights, r.n, c);
+      return update_avx2(r.master, r.m, r.v, grad, w, r.write_state, r.n, c);
 #endif
     default:
-      return update_scalar(r.master, r.m, r.v, grad, r.weights, 0, r.n, c);
+      return update_scalar(r.master, r.m, r.v, grad, w, r.write_state, 0, r.n, c);
   }
+}
+
+template <class G>
+void update_grad(SimdIsa isa, const HostAdamWRange& r, const AdamWConsts& c) {
+  if (r.weights_f32)
+    update_with<G>(isa, r, r.weights_f32, c);
+  else
+    update_with<G>(isa, r, r.weights, c);
 }
 
 void update(SimdIsa isa, const HostAdamWRange& r, const AdamWConsts& c) {
   if (r.grad_dtype == DType::BF16)
-    update_with<bf16>(isa, r, c);
+    update_grad<bf16>(isa, r, c);
   else
-    update_with<float>(isa, r, c);
+    update_grad<float>(isa, r, c);
 }
 
 void check_args(const HostAdamWRange& r, const AdamWArgs& args, SimdIsa isa) {
@@ -225,8 +265,12 @@ void check_args(const HostAdamWRange& r, const AdamWArgs& args, SimdIsa isa) {
             dtype_name(r.grad_dtype), " (f32 or bf16)");
   MOP_CHECK(r.n >= 0 && (r.n == 0 || (r.master && r.m && r.v && r.grad)),
             "host AdamW: null array for ", r.n, " elements");
-  MOP_CHECK(reinterpret_cast<uintptr_t>(r.weights) % alignof(bf16) == 0,
-            "host AdamW: misaligned bf16 weights");
+  MOP_CHECK(reinterpret_cast<uintptr_t>(r.weights) % alignof(bf16) == 0 &&
+                reinterpret_cast<uintptr_t>(r.weights_f32) % alignof(float) == 0,
+            "host AdamW: misaligned weights");
+  MOP_CHECK(!(r.weights && r.weights_f32), "host AdamW: bf16 and f32 weights at once");
+  MOP_CHECK(r.write_state || r.weights || r.weights_f32 || r.n == 0,
+            "host AdamW: a pass that writes neither the state nor the weights");
   MOP_CHECK(args.bias_correction1 > 0 && args.bias_correction2 > 0,
             "host AdamW: bias corrections must be positive (1 − β^step, step ≥ 1)");
 }
@@ -278,6 +322,7 @@ HostAdamWRange HostAdamWRange::slice(int64_t begin, int64_t end) const {
   s.v = v + begin;
   s.grad = static_cast<const char*>(grad) + size_t(begin) * grad_size;
   s.weights = weights ? weights + begin : nullptr;
+  s.weights_f32 = weights_f32 ? weights_f32 + begin : nullptr;
   s.n = end - begin;
   return s;
 }
@@ -294,15 +339,16 @@ HostAdamWRange host_adamw_range(Tensor master, Tensor m, Tensor v, const Tensor&
   }
   MOP_CHECK(master.dtype == DType::F32 && m.dtype == DType::F32 && v.dtype == DType::F32,
             "host AdamW: master, m and v must be f32");
-  MOP_CHECK(!has_weights || weights.dtype == DType::BF16, "host AdamW: weights must be bf16, not ",
-            dtype_name(weights.dtype));
+  MOP_CHECK(!has_weights || weights.dtype == DType::BF16 || weights.dtype == DType::F32,
+            "host AdamW: weights must be bf16 or f32, not ", dtype_name(weights.dtype));
   HostAdamWRange r;
   r.master = master.ptr<float>();
   r.m = m.ptr<float>();
   r.v = v.ptr<float>();
   r.grad = grad.data;
   r.grad_dtype = grad.dtype;
-  r.weights = has_weights ? weights.ptr<bf16>() : nullptr;
+  if (has_weights && weights.dtype == DType::BF16) r.weights = weights.ptr<bf16>();
+  if (has_weights && weights.dtype == DType::F32) r.weights_f32 = weights.ptr<float>();
   r.n = n;
   return r;
 }

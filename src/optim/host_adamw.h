@@ -28,13 +28,18 @@ struct HostAdamWRange {
   const void* grad = nullptr;  // grad_dtype: F32 or BF16; read only
   DType grad_dtype = DType::BF16;
   bf16* weights = nullptr;  // optional: float_to_bf16(updated master); nullptr writes nothing
+  float* weights_f32 = nullptr;  // optional instead: the updated master itself
+  // false: master, m and v are only read, and only the weights are written (the weights-first
+  // pass of an overlapped step; a second pass with write_state then writes the same state bits).
+  bool write_state = true;
   int64_t n = 0;
 
   HostAdamWRange slice(int64_t begin, int64_t end) const;
 };
 
 // A range over whole tensors, checked as the reference checks them: on the CPU, f32 state, the
-// same numel everywhere; grad F32 or BF16; `weights` may be an empty Tensor() (no output) or BF16.
+// same numel everywhere; grad F32 or BF16; `weights` may be an empty Tensor() (no output), BF16 or
+// F32.
 HostAdamWRange host_adamw_range(Tensor master, Tensor m, Tensor v, const Tensor& grad,
                                 Tensor weights = Tensor());
 

@@ -22,7 +22,7 @@ double now() {
 
 HostOffload::HostOffload(std::vector<HostParam> params, int threads)
     : params_(std::move(params)), pool_(threads), copied_(params_.size(), false),
-      done_gen_(params_.size(), 0) {}
+      done_gen_(params_.size(), 0), state_gen_(params_.size(), 0) {}
 
 HostOffload::~HostOffload() {
   if (dispatcher_.joinable()) {  // a backend that did not stop() its dispatcher: a bug
@@ -46,6 +46,18 @@ void HostOffload::stop() {
 void HostOffload::grads_final(int stage) {
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].stage == stage && !copied_[i]) {
+      const double t0 = now();
+      {  // the previous round's state pass may still read the gradient staging
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return state_gen_[i] >= gen_; });
+      }
+      const double t1 = now();
+      if (t1 - t0 > 1e-5) {
+        trace("wait state param " + std::to_string(params_[i].param), "main thread (waits)", t0, t1);
+        std::lock_guard<std::mutex> lock(mu_);
+        stats_.wait_seconds += t1 - t0;
+        gate_seconds_ += t1 - t0;
+      }
       const double bytes = copy_grad(i);
       copied_[i] = true;
       std::lock_guard<std::mutex> lock(mu_);
@@ -59,13 +71,23 @@ void HostOffload::update(const std::vector<AdamWArgs>& args, bool overlap) {
   for (const HostParam& p : params_) grads_final(p.stage);  // those not final yet
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (gen_ > 0) cost_[two_pass_] = round_seconds_ + (two_pass_ ? gate_seconds_ : 0);
+    gate_seconds_ = 0;
     args_ = args;
+    two_pass_ = overlap && choose_two_pass(gen_ + 1, cost_[0], cost_[1]);
     ++gen_;
     busy_ = true;
   }
   std::fill(copied_.begin(), copied_.end(), false);
   cv_.notify_all();
   if (!overlap) drain();
+}
+
+bool HostOffload::choose_two_pass(uint64_t round, double one_pass_cost, double two_pass_cost) {
+  if (round <= 1 || two_pass_cost < 0) return true;
+  if (one_pass_cost < 0) return false;
+  const bool best = two_pass_cost <= one_pass_cost;
+  return round % kProbeEvery == 0 ? !best : best;
 }
 
 void HostOffload::discard_grads() { std::fill(copied_.begin(), copied_.end(), false); }
@@ -113,17 +135,20 @@ void HostOffload::run() {
   for (;;) {
     std::vector<AdamWArgs> args;
     uint64_t gen;
+    bool two_pass;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || busy_; });
       if (stop_ && !busy_) return;
       args = args_;
       gen = gen_;
+      two_pass = two_pass_;
     }
+    const double round_start = now();
     for (size_t i = 0; i < params_.size(); ++i) {
       before_update(i);
       const double t0 = now();
-      update_param(i, args[i]);
+      update_param(i, args[i], two_pass ? Pass::Weights : Pass::Both);
       const double t1 = now();
       const double bytes = after_update(i);
       trace("update param " + std::to_string(params_[i].param), "host optimizer (dispatcher)", t0, t1);
@@ -131,6 +156,21 @@ void HostOffload::run() {
       stats_.update_seconds += t1 - t0;
       stats_.bytes_to_device += bytes;
       done_gen_[i] = gen;
+      if (!two_pass) state_gen_[i] = gen;
+      cv_.notify_all();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      round_seconds_ = now() - round_start;  // with the waits for gradients: the step sees them
+    }
+    for (size_t i = 0; two_pass && i < params_.size(); ++i) {
+      const double t0 = now();
+      update_param(i, args[i], Pass::State);
+      const double t1 = now();
+      trace("state param " + std::to_string(params_[i].param), "host optimizer (dispatcher)", t0, t1);
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.state_seconds += t1 - t0;
+      state_gen_[i] = gen;
       cv_.notify_all();
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -161,8 +201,8 @@ namespace {
 
 class CpuHostOffload final : public HostOffload {
  public:
-  CpuHostOffload(Ops& ops, std::vector<HostParam> params, int threads)
-      : HostOffload(std::move(params), threads), ops_(ops) {
+  CpuHostOffload(std::vector<HostParam> params, int threads)
+      : HostOffload(std::move(params), threads) {
     int64_t total = 0;
     for (const HostParam& p : params_) {
       MOP_CHECK(p.grad.dtype == DType::F32, "host optimizer on the CPU needs fp32 gradients");
@@ -185,19 +225,16 @@ class CpuHostOffload final : public HostOffload {
     return 0;  // within host memory
   }
 
-  void update_param(size_t i, const AdamWArgs& args) override {
+  // The kernel writes the compute weights itself (fp32: the new master; bf16: rounded).
+  void update_param(size_t i, const AdamWArgs& args, Pass pass) override {
     const HostParam& p = params_[i];
-    host_adamw_run(pool_, host_adamw_range(p.master.view({p.master.numel()}), p.m.view({p.m.numel()}),
-                                           p.v.view({p.v.numel()}), staged_grad(i)),
-                   args);
-    // Compute weights ← master: a plain copy for fp32 weights, a conversion otherwise.
-    if (p.weights.dtype == DType::F32)
-      std::memcpy(p.weights.data, p.master.data, p.master.bytes());
-    else
-      ops_.copy(p.weights, p.master);
+    const Tensor weights = pass == Pass::State ? Tensor() : p.weights.view({p.weights.numel()});
+    HostAdamWRange r = host_adamw_range(p.master.view({p.master.numel()}), p.m.view({p.m.numel()}),
+                                        p.v.view({p.v.numel()}), staged_grad(i), weights);
+    r.write_state = pass != Pass::Weights;
+    host_adamw_run(pool_, r, args);
   }
 
-  Ops& ops_;
   std::vector<int64_t> offsets_;
   Buffer grads_;  // gradients copied aside, one range per parameter
 };
@@ -206,7 +243,8 @@ class CpuHostOffload final : public HostOffload {
 
 std::unique_ptr<HostOffload> make_cpu_host_offload(Ops& ops, std::vector<HostParam> params,
                                                    int threads) {
-  return std::make_unique<CpuHostOffload>(ops, std::move(params), threads);
+  (void)ops;  // the kernel writes the compute weights itself
+  return std::make_unique<CpuHostOffload>(std::move(params), threads);
 }
 
 }  // namespace mop

@@ -5,8 +5,16 @@
 //   step's clip scale and non-finite check are known) → bf16 weights → GPU (upload stream).
 // The next forward of layer i waits only for layer i's weights (one event per parameter). On CPU
 // runs the same pipeline runs on host memory (no copies), which tests its synchronisation.
+// Overlapped, the update can run in two passes over the host state: the weights pass reads master,
+// m, v and the gradient and writes only the new weights (16 of the update's 28 bytes per
+// parameter, the part the next forward waits for); the state pass then repeats the same
+// arithmetic and writes master, m and v while the next step computes. The next step's gradient
+// copy of a parameter waits for its state pass (the gradient staging is reused), so two passes pay
+// only when the next step computes long enough to hide the state pass (several micro-batches):
+// each round measures what its mode cost the step and the next round takes the cheaper mode
+// (choose_two_pass), trying the other one now and then.
 // The update is the plain step's update: nothing is delayed or approximated; overlapped or not,
-// the weights are the same bit for bit.
+// the weights and the state are the same bit for bit.
 #pragma once
 
 #include <condition_variable>
@@ -33,7 +41,8 @@ struct HostParam {
 
 struct OffloadStats {
   double bytes_to_host = 0, bytes_to_device = 0;
-  double update_seconds = 0;  // host worker time spent updating (wall, all params)
+  double update_seconds = 0;  // host update until the new weights exist (wall, all params)
+  double state_seconds = 0;   // the state pass after it (overlapped updates only)
   double wait_seconds = 0;    // time the step waited for host updates (exposed)
 };
 
@@ -61,6 +70,11 @@ class HostOffload {
   // Waits for all outstanding host work (checkpoints, shutdown).
   void drain();
   OffloadStats take_stats();
+  // The mode of round `round` (1, 2, …) from the last measured cost of each (seconds the step
+  // waited, < 0: not measured yet): round 1 two passes, round 2 one pass, then the cheaper, and
+  // every kProbeEvery-th round the other one, to notice when the balance changes.
+  static constexpr uint64_t kProbeEvery = 32;
+  static bool choose_two_pass(uint64_t round, double one_pass_cost, double two_pass_cost);
   const std::vector<HostParam>& params() const { return params_; }
   // While tracing, host updates and the waits for them are recorded (steady-clock seconds);
   // take_trace returns them relative to t0.
@@ -81,12 +95,14 @@ class HostOffload {
   virtual void weights_used(size_t i) {}
   virtual void drained() {}
   // Dispatcher thread, per parameter in order: before_update waits for its gradient (untimed),
-  // update_param runs AdamW and writes the compute weights or their staging (timed as the
-  // update), after_update sends them on (returns the bytes moved). dispatcher_started: once, on
+  // update_param runs AdamW's `pass` (timed as the update): Both and Weights write the compute
+  // weights or their staging, after_update sends them on (returns the bytes moved); State, once
+  // every parameter's Weights pass is done, writes master, m and v. dispatcher_started: once, on
   // the thread.
+  enum class Pass { Both, Weights, State };
   virtual void dispatcher_started() {}
   virtual void before_update(size_t i) {}
-  virtual void update_param(size_t i, const AdamWArgs& args) = 0;
+  virtual void update_param(size_t i, const AdamWArgs& args, Pass pass) = 0;
   virtual double after_update(size_t i) { return 0; }
 
   std::vector<HostParam> params_;
@@ -100,7 +116,14 @@ class HostOffload {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<AdamWArgs> args_;
-  std::vector<uint64_t> done_gen_;
+  bool two_pass_ = false;
+  // Cost of the last round of each mode [one pass, two passes]: its update until the weights
+  // existed, plus (two passes) the next step's waits for its state pass. round_seconds_ is set by
+  // the dispatcher, gate_seconds_ summed by grads_final; both read at the next update().
+  double cost_[2] = {-1, -1};
+  double round_seconds_ = 0, gate_seconds_ = 0;
+  std::vector<uint64_t> done_gen_;   // the last round whose weights are written, per parameter
+  std::vector<uint64_t> state_gen_;  // the last round whose state is written, per parameter
   uint64_t gen_ = 0;
   bool busy_ = false, stop_ = false;
   OffloadStats stats_;
