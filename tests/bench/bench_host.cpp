@@ -15,6 +15,7 @@
 #include "core/cuda_check.h"
 #include "core/memory.h"
 #include "optim/host_adamw.h"
+#include "optim/host_adamw_bench_state.h"
 
 namespace mop::bench {
 namespace {
@@ -69,17 +70,8 @@ struct Copies {
 MOP_BENCH("host: AdamW and PCIe copies, alone and together") {
   constexpr int64_t kParams = 500'000'000;
   constexpr double kBytesPerParam = 28;
-  Buffer master(MemKind::Pinned, kParams * 4), m(MemKind::Pinned, kParams * 4),
-      v(MemKind::Pinned, kParams * 4), grad(MemKind::Pinned, kParams * 2),
-      weights(MemKind::Pinned, kParams * 2);
-  HostAdamWRange r;
-  r.master = static_cast<float*>(master.data());
-  r.m = static_cast<float*>(m.data());
-  r.v = static_cast<float*>(v.data());
-  r.grad = grad.data();
-  r.grad_dtype = DType::BF16;
-  r.weights = static_cast<bf16*>(weights.data());
-  r.n = kParams;
+  test::HostAdamWBenchState state(kParams, MemKind::Pinned);
+  const HostAdamWRange& r = state.r;
   AdamWArgs args;
   args.lr = 1e-4f;
   args.weight_decay = 0.1f;
@@ -90,13 +82,7 @@ MOP_BENCH("host: AdamW and PCIe copies, alone and together") {
   Copies copies;
   for (int threads : {cpus, std::max(1, cpus / 2)}) {
     ThreadPool pool(threads);
-    pool.run(kParams, kHostAdamWChunk, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const float u = float((uint64_t(i) * 0x9e3779b97f4a7c15ull) >> 40) / 16777216.0f - 0.5f;
-        r.master[i] = 0.1f * u, r.m[i] = 1e-3f * u, r.v[i] = 1e-6f * u * u;
-        static_cast<bf16*>(grad.data())[i] = float_to_bf16(2e-3f * u);
-      }
-    });
+    state.fill(pool);
     auto update = [&] {
       const double t0 = now();
       host_adamw_run(pool, r, args);

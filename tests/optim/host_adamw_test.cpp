@@ -25,6 +25,7 @@
 #include "core/memory.h"
 #include "ops/ops_test_util.h"
 #include "optim/host_adamw.h"
+#include "optim/host_adamw_bench_state.h"
 
 using namespace mop;
 using namespace mop::test;
@@ -496,28 +497,8 @@ volatile float g_one = 1.0f;  // read once per chunk: the compiler cannot fold t
 TEST_CASE("bench: host AdamW, 200M params, bf16 grads and weights", "[.bench][host_adamw]") {
   constexpr int64_t kParams = 200'000'000;
   constexpr int64_t kInCache = int64_t(1) << 18;  // 7 MB of traffic
-  Buffer master(MemKind::Host, kParams * 4), m(MemKind::Host, kParams * 4),
-      v(MemKind::Host, kParams * 4), grad(MemKind::Host, kParams * 2),
-      weights(MemKind::Host, kParams * 2);
-  HostAdamWRange r;
-  r.master = static_cast<float*>(master.data());
-  r.m = static_cast<float*>(m.data());
-  r.v = static_cast<float*>(v.data());
-  r.grad = grad.data();
-  r.grad_dtype = DType::BF16;
-  r.weights = static_cast<bf16*>(weights.data());
-  r.n = kParams;
-  auto fill = [&](int64_t b, int64_t e) {
-    // Typical magnitudes from a cheap hash (philox per element would dominate the setup time).
-    for (int64_t i = b; i < e; ++i) {
-      const uint64_t h = uint64_t(i) * 0x9e3779b97f4a7c15ull;
-      const float u = float(h >> 40) / 16777216.0f - 0.5f;  // [-0.5, 0.5)
-      r.master[i] = 0.1f * u;
-      r.m[i] = 1e-3f * u;
-      r.v[i] = 1e-6f * u * u;
-      static_cast<bf16*>(grad.data())[i] = float_to_bf16(2e-3f * u);
-    }
-  };
+  HostAdamWBenchState state(kParams, MemKind::Host);
+  const HostAdamWRange& r = state.r;
   // The update's streams: 3 f32 arrays read and written, the gradient read, the weights written
   // with non-temporal stores; 8 parameters per step (chunks start 64 KiB-aligned in these
   // 256-byte-aligned buffers, and kHostAdamWChunk is a multiple of 8). SSE2 is the x86-64
@@ -548,7 +529,7 @@ TEST_CASE("bench: host AdamW, 200M params, bf16 grads and weights", "[.bench][ho
   const int max_threads = int(allowed_cpus().size());
   for (int threads : {max_threads, 1}) {
     ThreadPool pool(threads);
-    pool.run(kParams, kHostAdamWChunk, fill);
+    state.fill(pool);
     for (SimdIsa isa : {SimdIsa::Avx512, SimdIsa::Avx2, SimdIsa::Scalar}) {
       if (!simd_isa_supported(isa)) continue;
       validate_prefix(pool, r, args, isa);
@@ -571,7 +552,7 @@ TEST_CASE("bench: host AdamW, 200M params, bf16 grads and weights", "[.bench][ho
   }
   // The reference (OpenMP, no bf16 output) for scale.
   Tensor tm(r.master, DType::F32, {kParams}), tmm(r.m, DType::F32, {kParams}),
-      tv(r.v, DType::F32, {kParams}), tg(grad.data(), DType::BF16, {kParams});
+      tv(r.v, DType::F32, {kParams}), tg(state.grad.data(), DType::BF16, {kParams});
   print_rate("reference adamw_step (OpenMP)", omp_get_max_threads(), kParams,
              seconds_of([&] { cpu_ops().adamw_step(tm, tmm, tv, tg, args); }));
 }
