@@ -241,9 +241,7 @@ class CpuHostOffload final : public HostOffload {
 
 }  // namespace
 
-std::unique_ptr<HostOffload> make_cpu_host_offload(Ops& ops, std::vector<HostParam> params,
-                                                   int threads) {
-  (void)ops;  // the kernel writes the compute weights itself
+std::unique_ptr<HostOffload> make_cpu_host_offload(std::vector<HostParam> params, int threads) {
   return std::make_unique<CpuHostOffload>(std::move(params), threads);
 }
 

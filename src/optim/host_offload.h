@@ -134,8 +134,7 @@ class HostOffload {
 };
 
 // CPU backend: host-side pipeline with a dispatcher thread and the host AdamW engine.
-std::unique_ptr<HostOffload> make_cpu_host_offload(Ops& ops, std::vector<HostParam> params,
-                                                   int threads);
+std::unique_ptr<HostOffload> make_cpu_host_offload(std::vector<HostParam> params, int threads);
 // CUDA backend (cuda_host_offload.cpp): streams, events, pinned staging.
 std::unique_ptr<HostOffload> make_cuda_host_offload(Ops& ops, std::vector<HostParam> params,
                                                     int threads);

@@ -45,7 +45,7 @@ Optimizer::Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops,
 #ifdef MOP_HAVE_CUDA
     if (gpu) offload_ = make_cuda_host_offload(ops, std::move(hp), host_threads);
 #endif
-    if (!gpu) offload_ = make_cpu_host_offload(ops, std::move(hp), host_threads);
+    if (!gpu) offload_ = make_cpu_host_offload(std::move(hp), host_threads);
     MOP_CHECK(offload_, "no host optimizer for this backend");
   }
 }
