@@ -301,7 +301,9 @@ std::vector<bool> Trainer::assign_owners() {
 
 void Trainer::broadcast_weights() {
   if (!cfg_.parallel.zero || world_.size == 1) return;
-  optim_->drain();  // owned host-placed weights are final
+  // Owned host-placed weights must be written (not the state: a two-pass host update may still be
+  // writing it, which the broadcast does not need).
+  for (int s = 0; s <= int(layout_.dims.layers) + 1; ++s) optim_->weights_ready(s);
   for (int p = 0; p < params_->num_params(); ++p) {
     bool expert = layout_.params[p].kind == ParamKind::Experts;
     (expert ? groups_->edp_data : groups_->world_data)->broadcast(params_->weight(p), owner_[size_t(p)]);
