@@ -123,10 +123,13 @@ void MetricsLog::record(const StepMetrics& m) {
                  per_step.describe());
     if (interval_offload_.update_seconds > 0) {
       double k = 1.0 / double(interval_steps_);
-      spdlog::info("             host optimizer per step: update {:.0f} ms (weights) + {:.0f} ms "
-                   "(state, overlapped), exposed (step waited) {:.0f} ms, to host {}, to device {}",
+      const double state_ms = 1e3 * k * interval_offload_.state_seconds;
+      spdlog::info("             host optimizer per step: update {:.0f} ms{}, exposed (step waited) "
+                   "{:.0f} ms, to host {}, to device {}",
                    1e3 * k * interval_offload_.update_seconds,
-                   1e3 * k * interval_offload_.state_seconds, 1e3 * k * interval_offload_.wait_seconds,
+                   state_ms > 0 ? fmt::format(" until the new weights + {:.0f} ms state pass", state_ms)
+                                : std::string(),
+                   1e3 * k * interval_offload_.wait_seconds,
                    format_bytes(k * interval_offload_.bytes_to_host),
                    format_bytes(k * interval_offload_.bytes_to_device));
     }
