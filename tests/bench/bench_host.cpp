@@ -3,7 +3,7 @@
 // written, bf16 gradient in, bf16 weights out), a pinned copy moves its bytes once. Timed alone and
 // together: the host AdamW engine over 500M parameters (all of this rank's cores), and copies of
 // 1 GiB pinned buffers to and from the GPU, both directions at once; and the overlapped step's two
-// passes (weights only, then state only) alone.
+// passes (weights only, then state only) alone. The engine is checked against the reference first.
 #ifdef MOP_HAVE_CUDA
 
 #include <algorithm>
@@ -83,6 +83,10 @@ MOP_BENCH("host: AdamW and PCIe copies, alone and together") {
   for (int threads : {cpus, std::max(1, cpus / 2)}) {
     ThreadPool pool(threads);
     state.fill(pool);
+    const std::string invalid = state.validate(pool, args, best_simd_isa());
+    std::printf("host AdamW, %d threads, both passes against the reference: %s\n", threads,
+                invalid.empty() ? "valid" : ("INVALID: " + invalid).c_str());
+    if (!invalid.empty()) return;
     auto update = [&] {
       const double t0 = now();
       host_adamw_run(pool, r, args);

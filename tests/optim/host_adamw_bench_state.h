@@ -1,12 +1,19 @@
 // Optimizer state for the host AdamW benchmarks (mop_tests "[host_adamw]", mop_bench host): n
 // parameters' fp32 master, m, v, bf16 gradient and bf16 weights in one kind of host memory, and the
 // range over them; fill() writes typical magnitudes from a cheap hash (philox per element would
-// dominate the setup time) on a pool, so each page lands near the thread that updates it.
+// dominate the setup time) on a pool, so each page lands near the thread that updates it;
+// validate() checks the engine against the reference on the first elements before timing.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "core/memory.h"
+#include "ops/ops.h"
 #include "optim/host_adamw.h"
 
 namespace mop::test {
@@ -38,6 +45,34 @@ struct HostAdamWBenchState {
         static_cast<bf16*>(grad.data())[i] = float_to_bf16(2e-3f * u);
       }
     });
+  }
+
+  // One step of the first elements, from the current state, as the overlapped step runs it (a
+  // weights pass, then a state pass) against the reference adamw_step: "" when every bit agrees
+  // (weights, state untouched by the weights pass, then master, m and v), else what differs.
+  std::string validate(ThreadPool& pool, const AdamWArgs& args, SimdIsa isa) {
+    const int64_t n = std::min(3 * kHostAdamWChunk + 11, r.n);
+    std::vector<float> p(r.master, r.master + n), m0(r.m, r.m + n), v0(r.v, r.v + n);
+    std::vector<bf16> g(static_cast<const bf16*>(r.grad), static_cast<const bf16*>(r.grad) + n);
+    const std::vector<float> before = p;
+    static const std::unique_ptr<Ops> reference = make_cpu_ops();
+    reference->adamw_step(Tensor(p.data(), DType::F32, {n}), Tensor(m0.data(), DType::F32, {n}),
+                          Tensor(v0.data(), DType::F32, {n}), Tensor(g.data(), DType::BF16, {n}),
+                          args);
+    HostAdamWRange weights_pass = r.slice(0, n);
+    weights_pass.write_state = false;
+    host_adamw_run(pool, weights_pass, args, isa);
+    auto same = [n](const float* a, const float* b) { return std::memcmp(a, b, size_t(n) * 4) == 0; };
+    if (!same(r.master, before.data())) return "the weights pass wrote the master weights";
+    for (int64_t i = 0; i < n; ++i)
+      if (r.weights[i].bits != float_to_bf16(p[size_t(i)]).bits)
+        return "weights differ from the reference at " + std::to_string(i);
+    HostAdamWRange state_pass = r.slice(0, n);
+    state_pass.weights = nullptr;
+    host_adamw_run(pool, state_pass, args, isa);
+    if (!same(r.master, p.data()) || !same(r.m, m0.data()) || !same(r.v, v0.data()))
+      return "master, m or v differ from the reference";
+    return "";
   }
 };
 

@@ -464,23 +464,6 @@ double seconds_of(const std::function<void()>& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// One update of the first elements compared with the reference (from the current state).
-void validate_prefix(ThreadPool& pool, const HostAdamWRange& r, const AdamWArgs& args,
-                     SimdIsa isa) {
-  const int64_t n = std::min(3 * kHostAdamWChunk + 11, r.n);
-  State ref(n, DType::BF16, Fill::Typical, 1);
-  std::memcpy(ref.master.t.data, r.master, size_t(n) * 4);
-  std::memcpy(ref.m.t.data, r.m, size_t(n) * 4);
-  std::memcpy(ref.v.t.data, r.v, size_t(n) * 4);
-  std::memcpy(ref.grad.t.data, r.grad, size_t(n) * 2);
-  cpu_ops().adamw_step(ref.master, ref.m, ref.v, ref.grad, args);
-  host_adamw_run(pool, r.slice(0, n), args, isa);
-  HostTensor got(DType::F32, {n});
-  std::memcpy(got.t.data, r.master, size_t(n) * 4);
-  REQUIRE(compare_bits(got, ref.master).count == 0);
-  REQUIRE(r.weights[n - 1].bits == float_to_bf16(r.master[n - 1]).bits);
-}
-
 void print_rate(const std::string& what, int threads, int64_t n, double seconds,
                 double ceiling_seconds = 0) {
   std::printf("%-28s %2d thread(s) %8.3fM params: %8.2f ms %6.3f G params/s %6.1f GB/s",
@@ -532,7 +515,7 @@ TEST_CASE("bench: host AdamW, 200M params, bf16 grads and weights", "[.bench][ho
     state.fill(pool);
     for (SimdIsa isa : {SimdIsa::Avx512, SimdIsa::Avx2, SimdIsa::Scalar}) {
       if (!simd_isa_supported(isa)) continue;
-      validate_prefix(pool, r, args, isa);
+      REQUIRE(state.validate(pool, args, isa).empty());
       double update = 1e30, ceiling = 1e30;
       for (int k = 0; k < kBenchReps; ++k) {
         ceiling =
