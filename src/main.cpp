@@ -22,6 +22,10 @@ Examples:
   mop train --config configs/tiny.yaml --set train.steps=50 --set optim.lr=1e-3
   mop train --config configs/tiny.yaml --resume auto
   mop validate --config configs/tiny.yaml --scan-data
+  mop plan --config configs/q3moe-8l.yaml
+  mop plan --config configs/qwen3-30b-a3b.yaml --gpus 8 --search
+  mop calibrate --out machine.yaml
+  mop train --config configs/q3moe-8l.yaml --machine machine.yaml --set train.plan=auto
   mop prepare-data --input corpus.txt --output data/corpus --split blank-line
   mop generate --checkpoint checkpoints/tiny --prompt "In the beginning"
   mop import-hf path/to/Qwen3-30B-A3B --out checkpoints/q3-30b
@@ -44,12 +48,25 @@ int main(int argc, char** argv) {
   t->add_option("--resume", train.resume, "auto (latest checkpoint in checkpoint.dir) or a checkpoint path");
   t->add_option("--profile-step", train.profile_step, "Write a Chrome trace of step N to <checkpoint.dir>/trace_step_N.json")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+  t->add_option("--machine", train.machine, "Machine file the plan uses (train.machine); default: built in for the device");
 
   mop::ValidateArgs validate;
   auto* v = app.add_subcommand("validate", "Check a config: resolved values, parameter counts, memory per rank, data");
   v->add_option("-c,--config", validate.config, "YAML config file")->required();
   v->add_option("--set", validate.overrides, "Override a config key: section.key=value (repeatable)");
   v->add_flag("--scan-data", validate.scan_data, "Check every token of the data against the vocabulary");
+  v->add_option("--machine", validate.machine, "Machine file for the memory estimate; default: built-in h200 (cpu for train.device: cpu)");
+
+  mop::PlanArgs plan;
+  auto* pl = app.add_subcommand("plan", "Where every component runs, the memory per rank and the predicted step time; --search ranks every plan");
+  pl->add_option("-c,--config", plan.config, "YAML config file")->required();
+  pl->add_option("--set", plan.overrides, "Override a config key: section.key=value (repeatable)");
+  pl->add_option("--machine", plan.machine, "Machine file (mop calibrate writes one); default: built-in h200 (cpu for train.device: cpu)");
+  pl->add_option("--gpus", plan.gpus, "Ranks (GPUs) in all; default: the config's foldings, or every GPU of --nodes")->check(CLI::Range(1, 1 << 20));
+  pl->add_option("--nodes", plan.nodes, "Nodes; default: the machine file's")->check(CLI::Range(1, 1 << 16));
+  pl->add_flag("--search", plan.search, "Rank every plan the keys the config leaves open allow, and say why the others do not fit");
+  pl->add_flag("--json", plan.json, "Print JSON instead of text");
+  pl->add_option("--top", plan.top, "--search: how many plans to list")->check(CLI::Range(1, 1 << 20));
 
   mop::PrepareDataArgs prep;
   auto* p = app.add_subcommand("prepare-data", "Turn text files into a byte-level token shard (Megatron .bin/.idx)");
@@ -116,6 +133,8 @@ int main(int argc, char** argv) {
       rc = mop::cmd_train(train, world);
     } else if (*v) {
       rc = mop::cmd_validate(validate);
+    } else if (*pl) {
+      rc = mop::cmd_plan(plan);
     } else if (*p) {
       rc = mop::cmd_prepare_data(prep);
     } else if (*g) {

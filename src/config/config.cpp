@@ -69,7 +69,8 @@ std::string shortest_double(double v) {
 
 class Loader {
  public:
-  Loader(Config& cfg, std::string origin) : origin_(std::move(origin)), fields_(config_schema(cfg)) {
+  Loader(Config& cfg, std::string origin)
+      : cfg_(cfg), origin_(std::move(origin)), fields_(config_schema(cfg)) {
     for (auto& f : fields_) {
       known_.push_back(f.path);
       for (size_t dot = f.path.find('.'); dot != std::string::npos; dot = f.path.find('.', dot + 1))
@@ -151,6 +152,7 @@ class Loader {
   }
 
   void set_field(FieldSpec& f, const YAML::Node& node, const std::string& where) {
+    cfg_.pinned.insert(f.path);
     auto bad = [&](const std::string& msg) { throw_user_error(where, ": ", msg); };
     auto scalar = [&]() -> std::string {
       if (!node.IsScalar()) bad(std::string("expected a single ") + kind_name(f.kind) + " value");
@@ -229,6 +231,7 @@ class Loader {
     return s;
   }
 
+  Config& cfg_;
   std::string origin_;
   std::vector<FieldSpec> fields_;
   std::vector<std::string> known_;
@@ -266,7 +269,9 @@ void validate(const Config& c) {
                  " exceeds optim.lr (", c.optim.lr, ")");
   MOP_USER_CHECK(c.data.eos_id < m.vocab_size, "data.eos_id: ", c.data.eos_id,
                  " is outside the vocabulary (model.vocab_size ", m.vocab_size, ")");
-  MOP_USER_CHECK(c.train.micro_batch_size <= c.train.global_batch_size,
+  // train.plan: auto chooses the micro-batch size when the config does not.
+  MOP_USER_CHECK(c.train.micro_batch_size <= c.train.global_batch_size ||
+                     (c.train.plan == "auto" && !c.is_pinned("train.micro_batch_size")),
                  "train.micro_batch_size: ", c.train.micro_batch_size,
                  " exceeds train.global_batch_size (", c.train.global_batch_size, ")");
   // Tensor sizes must fit comfortably in int64 (and token positions in int32).

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,8 @@ struct TrainConfig {
   int64_t eval_batches = 4;
   int64_t exit_interval = 0;  // checkpoint and exit at steps that are multiples of N; 0: never
   int64_t profile_step = 0;   // write a Chrome trace of this step; 0: none
+  std::string plan = "config";  // config | auto (the best plan; pinned keys kept)
+  std::string machine;          // machine file for the plan; empty: built in for the device
 };
 
 struct CheckpointConfig {
@@ -128,6 +131,11 @@ struct Config {
   TrainConfig train;
   CheckpointConfig checkpoint;
   LogConfig log;
+
+  // The keys the YAML file or a --set gave (the rest are defaults): what `train.plan: auto` may
+  // not change.
+  std::set<std::string> pinned;
+  bool is_pinned(const std::string& key) const { return pinned.count(key) > 0; }
 
   // Derived values (valid after validate()).
   int64_t head_dim() const { return model.head_dim ? model.head_dim : model.hidden_size / model.num_heads; }

@@ -44,6 +44,7 @@ class Arena {
   explicit Arena(MemKind kind, std::string name) : kind_(kind), name_(std::move(name)) {}
 
   int add(DType dtype, std::initializer_list<int64_t> dims);
+  int add(const Tensor& shape);  // the dtype and dims of `shape` (its data is ignored)
   void allocate();  // zero-filled
   Tensor tensor(int slot) const;
   size_t planned_bytes() const { return total_; }

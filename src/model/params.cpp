@@ -7,12 +7,19 @@
 
 namespace mop {
 
+int param_segment(const ModelLayout& layout, int p) {
+  const ParamDef& def = layout.params[p];
+  if (def.layer >= 0) return def.layer + 1;
+  if (p == layout.embedding) return 0;
+  return int(layout.dims.layers) + 1;  // final norm, untied LM head
+}
+
 ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad_dtype, MemKind mem,
                        bool allocate)
     : layout_(layout), weight_dtype_(weight_dtype), grad_dtype_(grad_dtype) {
   for (const auto& def : layout.params) {
     offsets_.push_back(total_);
-    total_ += (def.numel() + kParamAlign - 1) / kParamAlign * kParamAlign;
+    total_ += aligned_numel(def.numel());
   }
   if (!allocate) return;
   weights_ = Buffer(mem, size_t(total_) * dtype_size(weight_dtype));

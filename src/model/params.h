@@ -11,6 +11,13 @@
 namespace mop {
 
 constexpr int64_t kParamAlign = 64;  // elements: keeps every parameter 128-byte aligned in bf16
+constexpr int64_t aligned_numel(int64_t n) { return (n + kParamAlign - 1) / kParamAlign * kParamAlign; }
+
+// The step's segments, in forward order: 0 the embedding, 1..L the layers, L+1 the final norm and
+// the LM head. Host updates, weight uploads and gradient sums are pipelined per segment.
+inline int num_segments(const ModelDims& d) { return int(d.layers) + 2; }
+// The segment whose forward first reads parameter p (a tied LM head: the embedding's).
+int param_segment(const ModelLayout& layout, int p);
 
 class ParamStore {
  public:

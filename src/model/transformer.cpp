@@ -9,89 +9,37 @@
 
 namespace mop {
 
+namespace {
+TransformerOptions in_dtype(TransformerOptions o, DType compute) {
+  o.plan.compute = compute;  // activations have the weights' dtype
+  return o;
+}
+}  // namespace
+
 Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops,
                          TransformerOptions options)
     : layout_(layout),
       d_(layout.dims),
       params_(params),
       ops_(ops),
-      opt_(options),
+      opt_(in_dtype(std::move(options), params.weight_dtype())),
+      plan_(plan_activations(layout.dims, opt_.plan)),
       cdt_(params.weight_dtype()),
       adt_(acc_dtype(params.weight_dtype())),
       arena_(ops.device() == Device::CUDA ? MemKind::Device : MemKind::Host, "activations"),
-      host_arena_(ops.device() == Device::CUDA ? MemKind::Pinned : MemKind::Host, "host mirrors") {
-  const int64_t T = int64_t(opt_.max_batch) * opt_.max_seq, H = d_.hidden;
-  const int64_t Q = d_.q_width(), KV = d_.kv_width(), E = d_.experts, K = d_.top_k;
-  const int64_t TK = T * K;
-  if (opt_.groups) cp_ = opt_.groups->cp_size, ep_ = opt_.groups->ep_size;
-  ring_ = cp_ > 1 && use_ring_attention(opt_.attention_impl, d_.heads, d_.kv_heads, cp_);
-  MOP_CHECK(d_.experts_local * ep_ == E, "the layout holds ", d_.experts_local, " experts, ep ", ep_);
-  // Dropless expert parallelism: a rank may receive every row of its ep group (ep·T·K).
-  const int64_t R = TK * ep_;
-  auto c = [&](std::initializer_list<int64_t> dims) { return arena_.add(cdt_, dims); };
-  auto a = [&](std::initializer_list<int64_t> dims) { return arena_.add(adt_, dims); };
-  auto i = [&](std::initializer_list<int64_t> dims) { return arena_.add(DType::I32, dims); };
-
-  for (int l = 0; l <= d_.layers; ++l) xs_.push_back(c({T, H}));
-  int sets = opt_.recompute ? 1 : int(d_.layers);
-  bool any_moe = d_.num_moe_layers() > 0, any_dense = d_.first_dense > 0;
-  for (int set = 0; set < sets; ++set) {
-    Acts s{};
-    s.ln1 = c({T, H}), s.rstd1 = a({T});
-    s.q_raw = c({T, Q}), s.k_raw = c({T, KV}), s.q = c({T, Q}), s.k = c({T, KV}), s.v = c({T, KV});
-    s.q_rstd = a({T * d_.heads}), s.k_rstd = a({T * d_.kv_heads});
-    s.attn = c({T, Q}), s.lse = a({T * d_.heads});
-    // Ulysses: whole sequences, heads/cp of them. Ring attention keeps the local layout; its lse is
-    // [2·batch, Nq, c] blocks, the same T·Nq elements.
-    if (cp_ > 1 && !ring_)
-      s.q_full = c({T, Q}), s.k_full = c({T, KV}), s.v_full = c({T, KV}), s.attn_full = c({T, Q});
-    s.x_mid = c({T, H}), s.ln2 = c({T, H}), s.rstd2 = a({T});
-    // With recompute the single set serves every layer, so it needs both MoE and dense buffers;
-    // without, layer `set` needs only its own kind.
-    bool moe = opt_.recompute ? any_moe : d_.is_moe(set);
-    bool dense = opt_.recompute ? any_dense : !d_.is_moe(set);
-    if (moe) {
-      s.logits = a({T, E}), s.probs = a({T, E}), s.rlse = a({T});
-      s.topk_idx = i({T, K}), s.topk_w = a({T, K});
-      s.counts = i({E}), s.offsets = i({E + 1}), s.perm_src = i({TK}), s.slot_of = i({TK});
-      s.aux_grad = a({E});
-      s.offsets_host = host_arena_.add(DType::I32, {E + 1});
-      s.xp = c({TK, H}), s.gu = c({R, 2 * d_.expert_ffn}), s.h = c({R, d_.expert_ffn});
-      s.yp = c({TK, H});
-      if (ep_ > 1) s.xp_local = c({R, H}), s.yp_local = c({R, H});
-      if (d_.shared_ffn) s.shared_gu = c({T, 2 * d_.shared_ffn}), s.shared_h = c({T, d_.shared_ffn});
-    }
-    if (dense) s.ffn_gu = c({T, 2 * d_.dense_ffn}), s.ffn_h = c({T, d_.dense_ffn});
-    acts_.push_back(s);
-  }
-  s_.dx = c({T, H}), s_.dln = c({T, H}), s_.dattn = c({T, Q});
-  s_.dq = c({T, Q}), s_.dk = c({T, KV}), s_.dv = c({T, KV});
-  s_.dq_raw = c({T, Q}), s_.dk_raw = c({T, KV});
-  if (any_moe) {
-    s_.dlogits = a({T, E}), s_.dlogits_c = c({T, E}), s_.dtopk_w = a({T, K});
-    s_.dyp = c({TK, H}), s_.dh = c({R, d_.expert_ffn}), s_.dgu = c({R, 2 * d_.expert_ffn});
-    s_.dxp = c({TK, H});
-    if (ep_ > 1) s_.dyp_local = c({R, H}), s_.dxp_local = c({R, H}), s_.dispatch_scratch = c({R, H});
-    if (cp_ > 1) s_.counts_global = i({E});
-  }
-  if (cp_ > 1 && !ring_) {
-    s_.dattn_full = c({T, Q}), s_.dq_full = c({T, Q}), s_.dk_full = c({T, KV}), s_.dv_full = c({T, KV});
-  }
-  if (ring_)
-    cp_attention_bytes_ = RingAttention::buffer_bytes(opt_.max_batch, opt_.max_seq, d_.heads,
-                                                      d_.kv_heads, d_.head_dim, cdt_);
-  else if (cp_ > 1)
-    cp_attention_bytes_ = UlyssesExchange::buffer_bytes(opt_.max_batch, opt_.max_seq * cp_,
-                                                        d_.heads / cp_ * d_.head_dim, cdt_);
-  // Dense-layer and shared-expert FFN gradients share one pair of buffers of the wider width.
-  int64_t ffn_w = std::max(any_dense ? d_.dense_ffn : 0, any_moe ? d_.shared_ffn : 0);
-  if (ffn_w) s_.dffn_h = c({T, ffn_w}), s_.dffn_gu = c({T, 2 * ffn_w});
-  s_.xf = c({T, H}), s_.rstd_f = a({T}), s_.dxf = c({T, H});
-  s_.loss_tok = a({T}), s_.lse_tok = a({T});
-  s_.lm_ws = a({std::min<int64_t>(opt_.lm_head_chunk, T), d_.vocab});
-  s_.losses = a({3}), s_.loss_tmp = a({1});
-  s_.scratch_out = opt_.recompute ? c({T, H}) : -1;
-  s_.scratch_losses = a({2});
+      host_arena_(ops.device() == Device::CUDA ? MemKind::Pinned : MemKind::Host, "host mirrors"),
+      acts_(plan_.sets),
+      xs_(plan_.xs),
+      s_(plan_.shared) {
+  const ActivationOptions& o = opt_.plan;
+  cp_ = o.cp, ep_ = o.ep, ring_ = o.ring;
+  MOP_CHECK(d_.experts_local * ep_ == d_.experts, "the layout holds ", d_.experts_local,
+            " experts, ep ", ep_);
+  MOP_CHECK(cp_ == 1 || (opt_.comms.cp && opt_.comms.cp->size() == cp_), "cp ", cp_, " needs its comm");
+  MOP_CHECK(ep_ == 1 || (opt_.comms.ep && opt_.comms.ep_host && opt_.comms.ep->size() == ep_),
+            "ep ", ep_, " needs its comms");
+  for (const BufferSpec& b : plan_.device) arena_.add(b.shape);
+  for (const BufferSpec& b : plan_.host) host_arena_.add(b.shape);
 }
 
 Transformer::~Transformer() = default;
@@ -99,29 +47,30 @@ Transformer::~Transformer() = default;
 void Transformer::allocate() {
   arena_.allocate();
   host_arena_.allocate();
+  const ActivationOptions& o = opt_.plan;
+  const ModelComms& comms = opt_.comms;
   if (ring_) {
-    ring_attention_ = std::make_unique<RingAttention>(*opt_.groups->cp_data, ops_, opt_.max_batch,
-                                                      opt_.max_seq, d_.heads, d_.kv_heads,
-                                                      d_.head_dim, cdt_, opt_.groups->cp_ring.get());
+    ring_attention_ = std::make_unique<RingAttention>(*comms.cp, ops_, o.max_batch, o.max_seq, d_.heads,
+                                                      d_.kv_heads, d_.head_dim, cdt_, comms.cp_ring);
   } else if (cp_ > 1) {
     MOP_CHECK(d_.heads % cp_ == 0 && d_.kv_heads % cp_ == 0, "Ulysses attention needs the heads "
               "to divide by cp");
-    ulysses_ = std::make_unique<UlyssesExchange>(*opt_.groups->cp_data, ops_, opt_.max_batch,
-                                                 opt_.max_seq * cp_, d_.heads / cp_ * d_.head_dim, cdt_);
+    ulysses_ = std::make_unique<UlyssesExchange>(*comms.cp, ops_, o.max_batch, o.max_seq * cp_,
+                                                 d_.heads / cp_ * d_.head_dim, cdt_);
   }
   if (ep_ > 1)
     for (size_t set = 0; set < acts_.size(); ++set)
       dispatch_.push_back(std::make_unique<ExpertDispatcher>(
-          *opt_.groups->ep_data, *opt_.groups->ep_host, ops_, d_.experts,
-          int64_t(opt_.max_batch) * opt_.max_seq * d_.top_k * ep_, opt_.moe_chunks,
-          opt_.groups->ep_dispatch.get(), opt_.groups->ep_combine.get()));
+          *comms.ep, *comms.ep_host, ops_, d_.experts,
+          int64_t(o.max_batch) * o.max_seq * d_.top_k * ep_, o.moe_chunks, comms.ep_dispatch,
+          comms.ep_combine));
   OpShapes shapes;
-  shapes.max_tokens = int64_t(opt_.max_batch) * opt_.max_seq;
+  shapes.max_tokens = int64_t(o.max_batch) * o.max_seq;
   if (ring_) {  // c×c blocks of one sequence, all heads, causal and full
-    shapes.batch = 1, shapes.seq = opt_.max_seq / 2, shapes.attention_non_causal = true;
+    shapes.batch = 1, shapes.seq = o.max_seq / 2, shapes.attention_non_causal = true;
     shapes.heads = d_.heads, shapes.kv_heads = d_.kv_heads;
   } else {  // Ulysses: attention sees whole sequences, heads/cp of them
-    shapes.batch = opt_.max_batch, shapes.seq = int64_t(opt_.max_seq) * cp_;
+    shapes.batch = o.max_batch, shapes.seq = int64_t(o.max_seq) * cp_;
     shapes.heads = d_.heads / cp_, shapes.kv_heads = d_.kv_heads / cp_;
   }
   shapes.head_dim = d_.head_dim;
@@ -139,7 +88,7 @@ Tensor Transformer::scratch(int slot, std::initializer_list<int64_t> dims) const
   return whole.view({whole.numel()}).rows(0, shaped.numel()).view(dims);
 }
 
-const Transformer::Acts& Transformer::acts(int l) const { return acts_[opt_.recompute ? 0 : l]; }
+const Transformer::Acts& Transformer::acts(int l) const { return acts_[opt_.plan.recompute ? 0 : l]; }
 
 void Transformer::ffn_fwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor x_out,
                           int64_t T) {
@@ -207,7 +156,7 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
   if (cp_ > 1) {
     loss_counts = arena_.tensor(s_.counts_global);
     ops_.copy(loss_counts, counts);
-    opt_.groups->cp_data->all_reduce_sum(loss_counts);
+    opt_.comms.cp->all_reduce_sum(loss_counts);
   }
   float layer_w = aux_scale / float(d_.num_moe_layers());
   ops_.moe_aux_loss(losses, arena_.tensor(a.aux_grad), probs, rlse, loss_counts, int(K),
@@ -401,8 +350,8 @@ void Transformer::layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
 
 void Transformer::run_forward(const Batch& b, float aux_scale) {
   const int64_t T = int64_t(b.batch) * b.seq;
-  MOP_CHECK(b.batch <= opt_.max_batch && b.seq <= opt_.max_seq, "micro-batch ", b.batch, "×",
-            b.seq, " exceeds the planned ", opt_.max_batch, "×", opt_.max_seq);
+  MOP_CHECK(b.batch <= opt_.plan.max_batch && b.seq <= opt_.plan.max_seq, "micro-batch ", b.batch,
+            "×", b.seq, " exceeds the planned ", opt_.plan.max_batch, "×", opt_.plan.max_seq);
   MOP_CHECK(b.ids.numel() == T && b.targets.numel() == T && b.positions.numel() == T,
             "batch tensors must have B·S elements");
   last_T_ = int(T);
@@ -437,7 +386,7 @@ void Transformer::forward_backward(const Batch& b, float ce_scale, float aux_sca
                    W(layout_.final_norm), act(s_.rstd_f, T), false);
   after_backward(int(d_.layers) + 1);
   for (int l = int(d_.layers) - 1; l >= 0; --l) {
-    if (opt_.recompute)  // refill the shared activation set; losses go to scratch (counted once)
+    if (opt_.plan.recompute)  // refill the shared activation set; losses go to scratch (counted once)
       layer_fwd(l, acts(l), b, act(xs_[l], T), act(s_.scratch_out, T),
                 arena_.tensor(s_.scratch_losses), aux_scale);
     layer_bwd(l, acts(l), b, act(xs_[l], T), dx, aux_scale);

@@ -1,7 +1,8 @@
 // The MoE transformer's forward and backward for one micro-batch, written once against the Ops
 // interface. Layer l reads activations set acts(l): one set per layer, or with recompute a single
 // shared set that is refilled from the saved layer input just before the layer's backward.
-// All buffers come from one arena planned in the constructor (no allocation per step).
+// All buffers come from one arena laid out by the activation plan (plan/activations.h) in the
+// constructor: no allocation per step, and the plan's memory is the model's.
 #pragma once
 
 #include <functional>
@@ -10,11 +11,11 @@
 
 #include "core/memory.h"
 #include "model/params.h"
-#include "model/ring_attention.h"
-#include "model/sequence_parallel.h"
 #include "ops/ops.h"
 #include "parallel/expert_dispatch.h"
-#include "parallel/groups.h"
+#include "parallel/ring_attention.h"
+#include "parallel/sequence_parallel.h"
+#include "plan/activations.h"
 
 namespace mop {
 
@@ -32,26 +33,31 @@ struct LossTerms {
   double z = 0;       // router z-loss, weighted likewise
 };
 
-// Called at the stages of a micro-batch (0 embedding, 1..L layers, L+1 final norm and LM head):
-// before a stage's weights are first read in forward, and once its weight gradients are written
-// in backward. The host optimizer uses them to pipeline updates and transfers.
-struct StageHooks {
-  std::function<void(int stage)> before_forward;
-  std::function<void(int stage)> after_backward;
+// Called at the segments of a micro-batch (model/params.h: 0 embedding, 1..L layers, L+1 final
+// norm and LM head): before a segment's weights are first read in forward, and once its weight
+// gradients are written in backward. The step's schedule pipelines host updates, transfers and
+// gradient sums through them.
+struct SegmentHooks {
+  std::function<void(int segment)> before_forward;
+  std::function<void(int segment)> after_backward;
   std::function<void(bool backward)> phase;  // at the start of the forward and of the backward
 };
 
+// The comms a sharded model needs (not owned; null where the component is not sharded).
+struct ModelComms {
+  Comm* cp = nullptr;       // the sequence group: Ulysses exchanges, ring K/V, router counts
+  Comm* cp_ring = nullptr;  // ring attention's asynchronous comm (GPU ranks), else cp serves
+  Comm* ep = nullptr;       // the expert group: rows (tensors on the ops device)
+  Comm* ep_host = nullptr;  // the expert group: counts (host)
+  Comm* ep_dispatch = nullptr, *ep_combine = nullptr;  // the exchange's asynchronous comms, or null
+};
+
 struct TransformerOptions {
-  int max_batch = 1, max_seq = 1;  // max_seq: tokens per sequence on this rank
-  bool recompute = false;
-  int64_t lm_head_chunk = 1024;
-  // Parallel groups (not owned); null: one rank. cp > 1 shards sequences (Ulysses or ring
-  // attention), ep > 1 shards experts (the layout must hold this rank's experts).
-  ParallelGroups* groups = nullptr;
-  // parallel.attention.impl: auto | ulysses | ring (cp > 1; see use_ring_attention).
-  std::string attention_impl = "auto";
-  // parallel.moe.chunks: ep > 1, the chunks the expert exchange is overlapped in (expert_dispatch.h).
-  int moe_chunks = 1;
+  // The activation plan's options: micro-batch size, this rank's tokens per sequence, the cp and
+  // ep shards (cp > 1 shards sequences through Ulysses or ring attention, ep > 1 experts: the
+  // layout must hold this rank's experts), recompute, the LM-head chunk, the exchange's chunks.
+  ActivationOptions plan;
+  ModelComms comms;  // cp > 1: comms.cp; ep > 1: comms.ep and comms.ep_host
 };
 
 class Transformer {
@@ -59,9 +65,10 @@ class Transformer {
   Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops, TransformerOptions options);
   ~Transformer();
 
-  // Planned activation memory on the ops device (bytes), available before allocate(): the arena
-  // and the buffers of the sequence-parallel attention (Ulysses exchange or ring attention).
-  size_t planned_bytes() const { return arena_.planned_bytes() + cp_attention_bytes_; }
+  // The activation plan; its device_bytes() are what allocate() takes on the ops device: the
+  // arena and the buffers of the sequence-parallel attention and the expert dispatchers.
+  const ActivationLayout& activations() const { return plan_; }
+  size_t planned_bytes() const { return plan_.device_bytes(); }
   // Allocates the activations and lets the backend build its plans and workspaces for them.
   void allocate();
 
@@ -76,29 +83,11 @@ class Transformer {
   // After forward(): logits of token `row` (acc dtype [V]) from the final hidden state.
   void logits(Tensor out, int row);
 
-  void set_hooks(StageHooks hooks) { hooks_ = std::move(hooks); }
+  void set_hooks(SegmentHooks hooks) { hooks_ = std::move(hooks); }
 
  private:
-  // Arena slots (indices) of one layer's activations; -1 where the layer has no such buffer.
-  struct Acts {
-    int ln1, rstd1, q_raw, k_raw, q, k, v, q_rstd, k_rstd, attn, lse, x_mid, ln2, rstd2;
-    int logits = -1, probs = -1, rlse = -1, topk_idx = -1, topk_w = -1, counts = -1, offsets = -1;
-    int perm_src = -1, slot_of = -1, aux_grad = -1, xp = -1, gu = -1, h = -1, yp = -1;
-    int offsets_host = -1;  // host copy of offsets (grouped GEMMs size their groups on the host)
-    int q_full = -1, k_full = -1, v_full = -1, attn_full = -1;  // Ulysses: head-sharded, full sequences
-    int xp_local = -1, yp_local = -1;  // ep > 1: rows of this rank's experts from every rank
-    int shared_gu = -1, shared_h = -1;  // shared expert
-    int ffn_gu = -1, ffn_h = -1;        // dense FFN layers
-  };
-  // Arena slots of the buffers shared by all layers: gradients flowing backward, the final
-  // norm and loss, and the scratch for recomputation.
-  struct Shared {
-    int dx, dln, dattn, dq, dk, dv, dq_raw, dk_raw, dlogits = -1, dlogits_c = -1, dtopk_w = -1;
-    int dyp = -1, dh = -1, dgu = -1, dxp = -1, dffn_h = -1, dffn_gu = -1;
-    int xf, rstd_f, dxf, loss_tok, lse_tok, lm_ws, losses, loss_tmp, scratch_out, scratch_losses;
-    int dattn_full = -1, dq_full = -1, dk_full = -1, dv_full = -1;  // Ulysses
-    int dyp_local = -1, dxp_local = -1, dispatch_scratch = -1, counts_global = -1;  // ep / cp > 1
-  };
+  using Acts = ActSlots;
+  using Shared = SharedSlots;
   Tensor W(int p) const { return params_.weight(p); }
   Tensor G(int p) const { return params_.grad(p); }
   Tensor act(int slot, int64_t rows) const;  // the first `rows` rows of a slot
@@ -123,27 +112,27 @@ class Transformer {
   ParamStore& params_;
   Ops& ops_;
   TransformerOptions opt_;
+  ActivationLayout plan_;
   DType cdt_, adt_;  // compute and acc dtypes
   Arena arena_;       // on the ops device
   Arena host_arena_;  // host mirrors (pinned when the device is a GPU)
-  std::vector<Acts> acts_;
-  std::vector<int> xs_;  // layer inputs x_0..x_L (x_L feeds the final norm)
-  Shared s_{};
+  const std::vector<Acts>& acts_;
+  const std::vector<int>& xs_;  // layer inputs x_0..x_L (x_L feeds the final norm)
+  const Shared& s_;
   int last_T_ = 0;
   int cp_ = 1, ep_ = 1;
-  bool ring_ = false;              // cp > 1 through ring attention (else Ulysses)
-  size_t cp_attention_bytes_ = 0;  // what the one below allocates
+  bool ring_ = false;  // cp > 1 through ring attention (else Ulysses)
   std::unique_ptr<UlyssesExchange> ulysses_;
   std::unique_ptr<RingAttention> ring_attention_;
   std::vector<std::unique_ptr<ExpertDispatcher>> dispatch_;  // per activation set (ep > 1)
   void attention_fwd(const Acts& a, const Batch& b, int64_t T);
   void attention_bwd(const Acts& a, const Batch& b, int64_t T);
-  StageHooks hooks_;
-  void before_forward(int stage) {
-    if (hooks_.before_forward) hooks_.before_forward(stage);
+  SegmentHooks hooks_;
+  void before_forward(int segment) {
+    if (hooks_.before_forward) hooks_.before_forward(segment);
   }
-  void after_backward(int stage) {
-    if (hooks_.after_backward) hooks_.after_backward(stage);
+  void after_backward(int segment) {
+    if (hooks_.after_backward) hooks_.after_backward(segment);
   }
   void phase(bool backward) {
     if (hooks_.phase) hooks_.phase(backward);

@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "core/cuda_check.h"
-#include "ops/timed_ops.h"
 
 namespace mop {
 
@@ -93,14 +92,6 @@ std::unique_ptr<Ops> make_cuda_ops(int local_rank) {
                  e == cudaSuccess ? std::string() : std::string(" (") + cudaGetErrorString(e) + ")");
   MOP_CUDA_CHECK(cudaSetDevice(local_rank % count));
   return std::make_unique<CudaOps>();
-}
-
-CudaOps& cuda_backend(Ops& ops, const char* who) {
-  Ops* backend = &ops;
-  if (auto* timed = dynamic_cast<TimedOps*>(backend)) backend = &timed->inner();
-  auto* cuda = dynamic_cast<CudaOps*>(backend);
-  MOP_CHECK(cuda, who, " needs the CUDA backend");
-  return *cuda;
 }
 
 }  // namespace mop

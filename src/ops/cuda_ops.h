@@ -36,7 +36,8 @@ class CudaOps final : public Ops {
   void synchronize() override;
   void prepare(const OpShapes& shapes) override;
   size_t workspace_bytes() const override;
-  cudaStream_t stream() const { return stream_; }
+  Stream stream() const override { return Stream::wrap(Device::CUDA, stream_); }
+  cudaStream_t cuda_stream() const { return stream_; }
 
   void fill(Tensor x, double value) override;
   void copy(Tensor dst, const Tensor& src) override;
@@ -118,9 +119,5 @@ class CudaOps final : public Ops {
   std::unique_ptr<MoeState, MoeStateDeleter> moe_;
   std::unique_ptr<PointwiseState, PointwiseStateDeleter> pointwise_;
 };
-
-// The CUDA backend behind `ops` (itself, or the one a TimedOps wraps); fails naming `who` when
-// there is none.
-CudaOps& cuda_backend(Ops& ops, const char* who);
 
 }  // namespace mop

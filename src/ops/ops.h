@@ -19,6 +19,7 @@
 #include <optional>
 
 #include "core/tensor.h"
+#include "runtime/runtime.h"
 
 namespace mop {
 
@@ -45,7 +46,7 @@ struct OpShapes {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   int64_t hidden = 0, experts = 0, top_k = 0, expert_ffn = 0, vocab = 0;
   int64_t lm_head_chunk = 0;
-  // Ring attention (model/ring_attention.h) also runs the non-causal attention of this shape.
+  // Ring attention (parallel/ring_attention.h) also runs the non-causal attention of this shape.
   bool attention_non_causal = false;
 };
 
@@ -55,6 +56,9 @@ class Ops {
   virtual Device device() const = 0;
   // Waits for all queued work (the CPU backend runs synchronously).
   virtual void synchronize() {}
+  // The stream the ops are issued on, in order (runtime.h): the null stream on the CPU. Other
+  // streams order themselves against it through events.
+  virtual Stream stream() const { return Stream(); }
   // Builds plans and allocates the backend's internal workspaces for calls up to `shapes`; called
   // before the first step. Calls with other shapes (generation) may build more plans lazily.
   virtual void prepare(const OpShapes& shapes) {}
@@ -117,7 +121,7 @@ class Ops {
   // q [T,Nq,D], k/v [T,Nkv,D], out [T,Nq,D], lse acc [batch,Nq,S] (log-sum-exp of the scaled
   // scores, natural log). Query head h uses kv head h / (Nq/Nkv). causal: query s of a sequence
   // sees its keys 0..s; otherwise all S keys of its sequence (ring attention's off-diagonal blocks:
-  // c queries against c keys of another chunk, see model/ring_attention.h).
+  // c queries against c keys of another chunk, see parallel/ring_attention.h).
   virtual void attention_fwd(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
                              const Tensor& v, int batch, float scale, bool causal) = 0;
   // dq, dk, dv are overwritten. out and lse may be those of a larger attention the block is part
@@ -210,5 +214,8 @@ std::unique_ptr<Ops> make_cpu_ops();
 // The CUDA backend (binaries built with MOP_CUDA; see cuda_ops.h) on GPU local_rank % #GPUs of
 // this host: one GPU per local rank.
 std::unique_ptr<Ops> make_cuda_ops(int local_rank);
+// The backend of `device`: make_cpu_ops() or make_cuda_ops(local_rank); a CUDA device in a binary
+// built without CUDA is a user error.
+std::unique_ptr<Ops> make_ops(Device device, int local_rank = 0);
 
 }  // namespace mop

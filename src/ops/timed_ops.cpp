@@ -1,5 +1,6 @@
-// TimedOps (see timed_ops.h). GPU: a pool of event pairs recorded around each op; when the pool
-// fills up (or at collect()) the pairs are read and summed per category.
+// TimedOps (see timed_ops.h). Device streams: a pool of timing event pairs (runtime.h) recorded
+// around each op; when the pool fills up (or at collect()) the pairs are read and summed per
+// category. The host: wall-clock time around each (synchronous) op.
 #include "ops/timed_ops.h"
 
 #include <algorithm>
@@ -7,10 +8,6 @@
 #include <cstdio>
 #include <fstream>
 
-#ifdef MOP_HAVE_CUDA
-#include "core/cuda_check.h"
-#include "ops/cuda_ops.h"
-#endif
 
 namespace mop {
 
@@ -67,51 +64,42 @@ struct TimedOps::Clock {
   OpCategory current = OpCategory::Other;
   StepPhase current_phase = StepPhase::Forward;
   std::chrono::steady_clock::time_point t0;
-#ifdef MOP_HAVE_CUDA
+  // Device streams: a pool of timing event pairs, read when it fills up or at collect().
   static constexpr size_t kPairs = 2048;
-  cudaStream_t stream = nullptr;
-  std::vector<cudaEvent_t> events;
+  Stream stream;  // null: host timing
+  std::vector<Event> events;
   std::vector<OpCategory> cats;
   std::vector<StepPhase> phases;
   std::vector<const char*> calls;
-  cudaEvent_t trace_start = nullptr;
+  Event trace_start;
   size_t used = 0;  // pairs recorded since the last flush
 
   void flush() {
     if (used == 0) return;
-    MOP_CUDA_CHECK(cudaEventSynchronize(events[2 * used - 1]));
+    events[2 * used - 1].synchronize();
     for (size_t i = 0; i < used; ++i) {
-      float ms = 0;
-      MOP_CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
+      const float ms = events[2 * i + 1].elapsed_ms_since(events[2 * i]);
       acc.seconds[int(cats[i])] += 1e-3 * ms;
       acc.phase_seconds[int(phases[i])] += 1e-3 * ms;
       if (tracing) {
-        float at = 0;
-        MOP_CUDA_CHECK(cudaEventElapsedTime(&at, trace_start, events[2 * i]));
+        const float at = events[2 * i].elapsed_ms_since(trace_start);
         trace.push_back({op_name(calls[i]), op_category_name(cats[i]), "GPU compute stream", 1e-3 * at, 1e-3 * ms});
       }
     }
     used = 0;
   }
-  ~Clock() {
-    for (cudaEvent_t e : events) cudaEventDestroy(e);
-    if (trace_start) cudaEventDestroy(trace_start);
-  }
-#endif
 };
 
 TimedOps::TimedOps(std::unique_ptr<Ops> inner) : inner_(std::move(inner)), clock_(new Clock) {
-#ifdef MOP_HAVE_CUDA
-  if (auto* cuda = dynamic_cast<CudaOps*>(inner_.get())) {
-    clock_->stream = cuda->stream();
-    clock_->events.resize(2 * Clock::kPairs);
+  clock_->stream = inner_->stream();
+  if (!clock_->stream.is_null()) {
+    const Device d = clock_->stream.device();
+    for (size_t i = 0; i < 2 * Clock::kPairs; ++i) clock_->events.emplace_back(d, /*timing=*/true);
     clock_->cats.resize(Clock::kPairs);
     clock_->phases.resize(Clock::kPairs);
     clock_->calls.resize(Clock::kPairs);
-    MOP_CUDA_CHECK(cudaEventCreate(&clock_->trace_start));
-    for (auto& e : clock_->events) MOP_CUDA_CHECK(cudaEventCreate(&e));
+    clock_->trace_start = Event(d, /*timing=*/true);
   }
-#endif
 }
 
 TimedOps::~TimedOps() = default;
@@ -123,16 +111,14 @@ void TimedOps::begin(OpCategory c, const char* call) {
   clock_->open = true;
   if (forced_ >= 0 && c != OpCategory::Communication) c = OpCategory(forced_);
   clock_->current_call = call;
-#ifdef MOP_HAVE_CUDA
-  if (clock_->stream) {
+  if (!clock_->stream.is_null()) {
     if (clock_->used == Clock::kPairs) clock_->flush();
     clock_->cats[clock_->used] = c;
     clock_->phases[clock_->used] = phase_;
     clock_->calls[clock_->used] = call;
-    MOP_CUDA_CHECK(cudaEventRecord(clock_->events[2 * clock_->used], clock_->stream));
+    clock_->events[2 * clock_->used].record(clock_->stream);
     return;
   }
-#endif
   clock_->current = c;
   clock_->current_phase = phase_;
   clock_->t0 = std::chrono::steady_clock::now();
@@ -140,13 +126,11 @@ void TimedOps::begin(OpCategory c, const char* call) {
 
 void TimedOps::end() {
   clock_->open = false;
-#ifdef MOP_HAVE_CUDA
-  if (clock_->stream) {
-    MOP_CUDA_CHECK(cudaEventRecord(clock_->events[2 * clock_->used + 1], clock_->stream));
+  if (!clock_->stream.is_null()) {
+    clock_->events[2 * clock_->used + 1].record(clock_->stream);
     ++clock_->used;
     return;
   }
-#endif
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_->t0).count();
   clock_->acc.seconds[int(clock_->current)] += dt;
   clock_->acc.phase_seconds[int(clock_->current_phase)] += dt;
@@ -159,19 +143,15 @@ void TimedOps::end() {
 void TimedOps::start_trace() {
   clock_->tracing = true;
   clock_->trace.clear();
-#ifdef MOP_HAVE_CUDA
-  if (clock_->stream) {
+  if (!clock_->stream.is_null()) {
     clock_->flush();  // earlier ops are not part of the trace
-    MOP_CUDA_CHECK(cudaEventRecord(clock_->trace_start, clock_->stream));
+    clock_->trace_start.record(clock_->stream);
   }
-#endif
   clock_->trace_t0 = host_now();
 }
 
 std::vector<TraceEvent> TimedOps::stop_trace() {
-#ifdef MOP_HAVE_CUDA
-  if (clock_->stream) clock_->flush();  // the traced ops' times also stay in acc for collect()
-#endif
+  clock_->flush();  // the traced ops' times also stay in acc for collect()
   clock_->tracing = false;
   return std::move(clock_->trace);
 }
@@ -202,9 +182,7 @@ void write_chrome_trace(const std::string& path, const std::vector<TraceEvent>& 
 }
 
 OpTimes TimedOps::collect() {
-#ifdef MOP_HAVE_CUDA
-  if (clock_->stream) clock_->flush();
-#endif
+  clock_->flush();
   OpTimes out = clock_->acc;
   clock_->acc = OpTimes{};
   return out;

@@ -1,7 +1,7 @@
 // TimedOps: an Ops decorator that measures where a step's time goes, by op category (attention,
 // dense GEMMs, experts, router/permute, loss, optimizer, communication, other). On the GPU each
-// op is bracketed by CUDA events on the backend's stream (read once per step, so timing does not
-// serialise the stream); on the CPU by wall-clock time around the (synchronous) op.
+// op is bracketed by timing events on the backend's stream (read once per step, so timing does
+// not serialise the stream); on the CPU by wall-clock time around the (synchronous) op.
 #pragma once
 
 #include <array>
@@ -63,6 +63,7 @@ class TimedOps final : public Ops {
 
   Device device() const override { return inner_->device(); }
   void synchronize() override { inner_->synchronize(); }
+  Stream stream() const override { return inner_->stream(); }
   void prepare(const OpShapes& s) override { inner_->prepare(s); }
   size_t workspace_bytes() const override { return inner_->workspace_bytes(); }
 

@@ -7,15 +7,8 @@
 
 namespace mop {
 
-int param_stage(const ModelLayout& layout, int p) {
-  const ParamDef& def = layout.params[p];
-  if (def.layer >= 0) return def.layer + 1;
-  if (p == layout.embedding) return 0;
-  return int(layout.dims.layers) + 1;  // final norm, untied LM head
-}
-
 Optimizer::Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops,
-                     std::vector<bool> state_on_host, int host_threads, std::vector<bool> owned)
+                     std::vector<bool> state_on_host, std::vector<bool> owned)
     : cfg_(cfg), params_(params), ops_(ops), on_host_(std::move(state_on_host)), owned_(std::move(owned)) {
   const int n = params.num_params();
   MOP_CHECK(on_host_.empty() || int(on_host_.size()) == n, "placement of ", on_host_.size(),
@@ -36,23 +29,13 @@ Optimizer::Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops,
   }
   DType acc = acc_dtype(params.grad_dtype());
   norms_ = Buffer(gpu ? MemKind::Device : MemKind::Host, size_t(n) * dtype_size(acc));
-  if (total[1] > 0) {
-    std::vector<HostParam> hp;
-    for (int s = 0; s <= int(params.layout().dims.layers) + 1; ++s)  // forward order
-      for (int p = 0; p < n; ++p)
-        if (on_host(p) && owns(p) && param_stage(params.layout(), p) == s)
-          hp.push_back({p, s, master(p), exp_avg(p), exp_avg_sq(p), params.grad(p), params.weight(p)});
-#ifdef MOP_HAVE_CUDA
-    if (gpu) offload_ = make_cuda_host_offload(ops, std::move(hp), host_threads);
-#endif
-    if (!gpu) offload_ = make_cpu_host_offload(std::move(hp), host_threads);
-    MOP_CHECK(offload_, "no host optimizer for this backend");
-  }
+  for (int s = 0; s < num_segments(params.layout().dims); ++s)  // forward order
+    for (int p = 0; p < n; ++p)
+      if (on_host(p) && owns(p) && param_segment(params.layout(), p) == s)
+        host_params_.push_back({p, s, master(p), exp_avg(p), exp_avg_sq(p), params.grad(p), params.weight(p)});
 }
 
-Optimizer::~Optimizer() {
-  if (offload_) offload_->drain();
-}
+Optimizer::~Optimizer() = default;
 
 int Optimizer::num_host_params() const {
   int k = 0;
@@ -88,21 +71,8 @@ void Optimizer::init_weights(uint64_t seed) {
 }
 
 void Optimizer::sync_weights() {
-  drain();
   for (int p = 0; p < params_.num_params(); ++p)
     if (owns(p)) ops_.copy(params_.weight(p), master(p));
-}
-
-void Optimizer::grads_final(int stage) {
-  if (offload_) offload_->grads_final(stage);
-}
-
-void Optimizer::weights_ready(int stage) {
-  if (offload_) offload_->weights_ready(stage);
-}
-
-void Optimizer::drain() {
-  if (offload_) offload_->drain();
 }
 
 void Optimizer::set_distributed(std::vector<bool> sharded, Comm* shard_comm, Comm* world) {
@@ -110,8 +80,6 @@ void Optimizer::set_distributed(std::vector<bool> sharded, Comm* shard_comm, Com
   shard_comm_ = shard_comm;
   world_ = world;
 }
-
-OffloadStats Optimizer::take_offload_stats() { return offload_ ? offload_->take_stats() : OffloadStats{}; }
 
 StepReport Optimizer::step(float lr) {
   StepReport r;
@@ -136,10 +104,7 @@ StepReport Optimizer::step(float lr) {
     if (bad > 0 && r.nonfinite_param.empty()) r.nonfinite_param = "a parameter on another rank";
   }
   r.grad_norm = std::sqrt(local + shard);
-  if (!r.nonfinite_param.empty()) {  // the caller skips the step or aborts
-    if (offload_) offload_->discard_grads();
-    return r;
-  }
+  if (!r.nonfinite_param.empty()) return r;  // the caller skips the step or aborts
 
   float scale = 1.0f;
   if (cfg_.grad_clip > 0 && r.grad_norm > cfg_.grad_clip)
@@ -162,11 +127,7 @@ StepReport Optimizer::step(float lr) {
     if (!on_host(p) && owns(p))
       ops_.adamw_step_cast(master(p), exp_avg(p), exp_avg_sq(p), params_.grad(p), with_decay(p),
                            params_.weight(p));
-  if (offload_) {
-    std::vector<AdamWArgs> host_args;
-    for (const HostParam& hp : offload_->params()) host_args.push_back(with_decay(hp.param));
-    offload_->update(host_args, cfg_.overlap);
-  }
+  for (const HostParam& hp : host_params_) r.host_args.push_back(with_decay(hp.param));
   r.applied = true;
   return r;
 }

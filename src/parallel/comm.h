@@ -1,6 +1,6 @@
 // Comm: the collectives the trainer needs, over one group of ranks. Implementations: SelfComm
 // (one rank, no MPI), MpiComm (host buffers over MPI; lets CI run multi-rank tests on CPU ranks),
-// and NcclComm (device buffers, cuda_nccl_comm.h). Every call is collective over the group
+// and NcclComm (device buffers, runtime/nccl_comm.h). Every call is collective over the group
 // (send_recv: over the ranks it pairs). MPI and self comms block; NCCL comms enqueue on a stream,
 // either the compute stream (ordered with the kernels around them) or their own (asynchronous:
 // join() makes the compute stream wait for them).

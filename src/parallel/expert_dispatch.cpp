@@ -28,11 +28,19 @@ ExpertDispatcher::ExpertDispatcher(Comm& data, Comm& host, Ops& ops, int64_t num
   for (int c = 0; c <= chunks_; ++c) chunk_e0_.push_back(c * local_experts_ / chunks_);
   global_offsets_.assign(size_t(experts_ + 1), 0);
   recv_counts_.assign(size_t(size_ * local_experts_), 0);
-  host_buf_ = Buffer(host_kind(ops), size_t(2 * local_experts_ + chunks_ + 1 + 2 * max_rows_in) *
-                                         sizeof(int32_t));
+  const Footprint f = footprint(num_experts, size_, max_rows_in, chunks);
+  host_buf_ = Buffer(host_kind(ops), f.host_bytes);
   local_offsets_ = Tensor(host_buf_.data(), DType::I32, {local_experts_ + 1});
   chunk_offsets_ = local_offsets_.ptr<int32_t>() + local_experts_ + 1;
-  index_dev_ = Buffer(dev_kind(ops), size_t(2 * max_rows_in) * sizeof(int32_t));
+  index_dev_ = Buffer(dev_kind(ops), f.device_bytes);
+}
+
+ExpertDispatcher::Footprint ExpertDispatcher::footprint(int64_t num_experts, int ep_size,
+                                                        int64_t max_rows_in, int chunks) {
+  const int64_t local = num_experts / ep_size;
+  const int64_t used_chunks = std::min<int64_t>(chunks, std::max<int64_t>(local, 1));
+  return {size_t(2 * max_rows_in) * sizeof(int32_t),
+          size_t(2 * local + used_chunks + 1 + 2 * max_rows_in) * sizeof(int32_t)};
 }
 
 void ExpertDispatcher::plan(const int32_t* counts) {

@@ -35,6 +35,12 @@ class ExpertDispatcher {
   ExpertDispatcher(Comm& data, Comm& host, Ops& ops, int64_t num_experts, int64_t max_rows_in,
                    int chunks = 1, Comm* dispatch = nullptr, Comm* combine = nullptr);
 
+  // The memory a dispatcher allocates: device index maps and host offsets (pinned next to a GPU).
+  struct Footprint {
+    size_t device_bytes = 0, host_bytes = 0;
+  };
+  static Footprint footprint(int64_t num_experts, int ep_size, int64_t max_rows_in, int chunks);
+
   void plan(const int32_t* counts);  // host I32 [num_experts]: this rank's rows per expert
   int64_t rows_out() const { return rows_out_; }  // rows this rank sends (Σ counts)
   int64_t rows_in() const { return rows_in_; }    // rows it receives for its experts

@@ -3,17 +3,9 @@
 
 #include <mpi.h>
 
-#include "model/sequence_parallel.h"
 #include "ops/ops.h"
 #include "parallel/mpi_comm.h"
-
-#ifdef MOP_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "core/cuda_check.h"
-#include "ops/cuda_ops.h"
-#include "parallel/cuda_nccl_comm.h"
-#endif
+#include "runtime/nccl_comm.h"
 
 namespace mop {
 
@@ -23,11 +15,7 @@ namespace {
 // the backend's stream).
 std::unique_ptr<Comm> data_comm(MPI_Comm comm, Ops& ops) {
   if (ops.device() == Device::CPU) return make_mpi_comm(comm);
-#ifdef MOP_HAVE_CUDA
-  return make_nccl_comm(comm, cuda_backend(ops, "building GPU groups").stream());
-#else
-  MOP_UNREACHABLE("GPU ops in a CPU-only build");
-#endif
+  return make_nccl_comm(comm, ops.stream());
 }
 
 MPI_Comm split(int color, int key) {
@@ -46,7 +34,8 @@ std::unique_ptr<ParallelGroups> ParallelGroups::single() {
   return g;
 }
 
-std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& world, Ops& ops) {
+std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& world, Ops& ops,
+                                                      const CommStreams& streams) {
   validate_parallel(cfg, world.size);
   if (world.size == 1) {
     auto g = single();
@@ -70,43 +59,22 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& 
   g->world_data = watched(data_comm(MPI_COMM_WORLD, ops));
   g->cp_data = watched(data_comm(cp, ops)), g->ep_data = watched(data_comm(ep, ops));
   g->edp_data = watched(data_comm(edp, ops));
-#ifdef MOP_HAVE_CUDA
-  if (ops.device() == Device::CUDA) {
-    cudaStream_t compute = cuda_backend(ops, "building GPU groups").stream();
-    // An asynchronous comm on a new stream that follows the compute stream.
-    auto side_comm = [&](MPI_Comm comm, cudaStream_t& stream) {
-      if (!stream) {
-        MOP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-        g->side_streams.push_back(stream);
-      }
-      return watched(make_nccl_comm(comm, stream, compute));
+  if (ops.device() != Device::CPU) {
+    // An asynchronous comm on its own stream that follows the compute stream.
+    auto side_comm = [&](MPI_Comm comm, Stream stream) {
+      return watched(make_nccl_comm(comm, stream, ops.stream()));
     };
-    if (cfg.parallel.overlap_grad_reduce) {
-      cudaStream_t grad = nullptr;
-      g->world_grad = side_comm(MPI_COMM_WORLD, grad);
-      g->edp_grad = side_comm(edp, grad);
+    if (!streams.grad_sums.is_null()) {
+      g->world_grad = side_comm(MPI_COMM_WORLD, streams.grad_sums);
+      g->edp_grad = side_comm(edp, streams.grad_sums);
     }
-    if (g->cp_size > 1 && use_ring_attention(cfg.parallel.attention.impl, cfg.model.num_heads,
-                                             cfg.model.num_kv_heads, g->cp_size)) {
-      cudaStream_t ring = nullptr;
-      g->cp_ring = side_comm(cp, ring);
-    }
-    if (g->ep_size > 1) {
-      cudaStream_t dispatch = nullptr, combine = nullptr;
-      g->ep_dispatch = side_comm(ep, dispatch);
-      g->ep_combine = side_comm(ep, combine);
+    if (g->cp_size > 1 && !streams.ring.is_null()) g->cp_ring = side_comm(cp, streams.ring);
+    if (g->ep_size > 1 && !streams.dispatch.is_null() && !streams.combine.is_null()) {
+      g->ep_dispatch = side_comm(ep, streams.dispatch);
+      g->ep_combine = side_comm(ep, streams.combine);
     }
   }
-#endif
   return g;
-}
-
-ParallelGroups::~ParallelGroups() {
-  // The communicators before their streams.
-  world_grad.reset(), edp_grad.reset(), ep_dispatch.reset(), ep_combine.reset(), cp_ring.reset();
-#ifdef MOP_HAVE_CUDA
-  for (void* s : side_streams) cudaStreamDestroy(static_cast<cudaStream_t>(s));
-#endif
 }
 
 }  // namespace mop

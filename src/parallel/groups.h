@@ -13,10 +13,19 @@
 #include "parallel/comm.h"
 #include "parallel/watchdog.h"
 #include "parallel/world.h"
+#include "runtime/runtime.h"
 
 namespace mop {
 
 class Ops;
+
+// The streams of the asynchronous comms (the step's schedule owns them, schedule/streams.h). A
+// null stream: that comm is not made, and the group's blocking data comm serves instead.
+struct CommStreams {
+  Stream grad_sums;  // the data-parallel gradient sums (world and edp)
+  Stream ring;       // ring attention's K/V passes
+  Stream dispatch, combine;  // the expert exchange, one per direction
+};
 
 struct ParallelGroups {
   int rank = 0, size = 1;
@@ -26,27 +35,28 @@ struct ParallelGroups {
   Comm* world_host = nullptr;
   std::unique_ptr<Comm> world_host_owned, cp_host, ep_host, edp_host;
   std::unique_ptr<Comm> world_data, cp_data, ep_data, edp_data;  // tensors on the ops device
-  // GPU ranks with parallel.overlap_grad_reduce: the gradient sums' own communicators (world,
-  // edp), asynchronous on one stream of their own, so they overlap with backward (GradReducer).
+  // GPU ranks with a gradient-sums stream: the gradient sums' own communicators (world, edp),
+  // asynchronous on that stream, so they overlap with backward (GradReducer).
   std::unique_ptr<Comm> world_grad, edp_grad;
-  // GPU ranks with ep > 1: the expert all-to-alls' own communicators, one for the exchanges that
-  // bring tokens to the experts and one for those that return them, each on its own stream
-  // (ExpertDispatcher overlaps them with the experts). Null on CPU ranks (ep_data serves).
+  // GPU ranks with ep > 1 and exchange streams: the expert all-to-alls' own communicators, one
+  // for the exchanges that bring tokens to the experts and one for those that return them, each
+  // on its own stream (ExpertDispatcher overlaps them with the experts). Null on CPU ranks
+  // (ep_data serves).
   std::unique_ptr<Comm> ep_dispatch, ep_combine;
-  // GPU ranks with ring attention: the K/V ring's own communicator and stream (RingAttention
+  // GPU ranks with cp > 1 and a ring stream: the K/V ring's own communicator (RingAttention
   // overlaps each step's transfers with its blocks). Null otherwise (cp_data serves).
   std::unique_ptr<Comm> cp_ring;
-  std::vector<void*> side_streams;  // cudaStream_t of the asynchronous comms above, owned
   // Several ranks: every collective above is watched (parallel.collective_timeout).
   std::unique_ptr<CollectiveWatchdog> watchdog;
 
   // Splits the world by the config's foldings (validated against the world size). One rank (or a
-  // world without MPI) gets self comms.
-  static std::unique_ptr<ParallelGroups> build(const Config& cfg, World& world, Ops& ops);
+  // world without MPI) gets self comms. GPU ranks get the asynchronous comms whose streams are
+  // given, each following the compute stream (ops.stream()).
+  static std::unique_ptr<ParallelGroups> build(const Config& cfg, World& world, Ops& ops,
+                                               const CommStreams& streams = {});
   // A single-rank layout with self comms (tests, generation).
   static std::unique_ptr<ParallelGroups> single();
   ParallelGroups() = default;
-  ~ParallelGroups();
   ParallelGroups(const ParallelGroups&) = delete;
   ParallelGroups& operator=(const ParallelGroups&) = delete;
 };

@@ -191,8 +191,8 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
   Config saved = load_config_text(m.config, {}, where + " config");
   std::string differences = shape_key_differences(saved, cfg);
   const ModelLayout& layout = params.layout();
-  // Reads one state tensor per parameter (through host staging for those on the device).
-  optim.drain();
+  // Reads one state tensor per parameter (through host staging for those on the device). Loads
+  // happen before the first step, while no host update runs.
   auto load_state = [&](const std::vector<SafetensorsFile>& file, const std::string& suffix, int which) {
     std::vector<Buffer> keep;
     std::vector<Tensor> dst, host;

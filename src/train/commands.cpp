@@ -13,6 +13,8 @@
 #include "core/rng.h"
 #include "data/loader.h"
 #include "data/prepare_data.h"
+#include "plan/report.h"
+#include "plan/search.h"
 #include "train/checkpointing.h"
 #include "train/trainer.h"
 
@@ -35,30 +37,48 @@ int cmd_train(const TrainArgs& args, World& world) {
   std::vector<std::string> overrides = args.overrides;
   if (!args.resume.empty()) overrides.push_back("checkpoint.resume=" + args.resume);
   if (args.profile_step > 0) overrides.push_back("train.profile_step=" + std::to_string(args.profile_step));
+  if (!args.machine.empty()) overrides.push_back("train.machine=" + args.machine);
   Config cfg = load_config(args.config, overrides);
   setup_logging(cfg.log, world.rank, world.size);
   spdlog::info("mop {} | {} rank(s) | config {}", MOP_VERSION, world.size, args.config);
-  spdlog::info("resolved config:\n{}", dump_config(cfg));
   if (world.is_root()) {
     std::error_code ec;
     std::filesystem::create_directories(cfg.checkpoint.dir, ec);
     MOP_USER_CHECK(!ec, "checkpoint.dir: cannot create ", cfg.checkpoint.dir, ": ", ec.message());
-    std::ofstream(cfg.checkpoint.dir + "/config.resolved.yaml") << dump_config(cfg);
   }
-  spdlog::info("resolved config written to {}/config.resolved.yaml", cfg.checkpoint.dir);
   Trainer trainer(std::move(cfg), world);
+  // The configuration as planned (train.plan: auto writes its choices in).
+  spdlog::info("resolved config:\n{}", dump_config(trainer.config()));
+  if (world.is_root())
+    std::ofstream(trainer.config().checkpoint.dir + "/config.resolved.yaml") << dump_config(trainer.config());
+  spdlog::info("resolved config written to {}/config.resolved.yaml", trainer.config().checkpoint.dir);
   trainer.run();
   spdlog::info("done at step {}", trainer.step());
   return 0;
 }
 
+namespace {
+
+// The machine `mop plan` and `mop validate` plan for: --machine FILE, or the built-in h200 (cpu
+// for train.device: cpu); --nodes and --gpus (GPUs per node) change its shape.
+Machine planning_machine(const Config& cfg, const std::string& file, int nodes, int gpus_per_node) {
+  Machine m = !file.empty() ? load_machine(file)
+                            : builtin_machine(cfg.train.device == "cpu" ? "cpu" : "h200");
+  if (nodes > 0) m.nodes = nodes;
+  if (gpus_per_node > 0) m.gpus_per_node = gpus_per_node;
+  return m;
+}
+
+}  // namespace
+
 int cmd_validate(const ValidateArgs& args) {
   Config cfg = load_config(args.config, args.overrides);
-  int world = int(cfg.parallel.attention.cp * cfg.parallel.attention.dp);
+  const int world = int(cfg.parallel.attention.cp * cfg.parallel.attention.dp);
   validate_parallel(cfg, world);
-  RunPlacement placement = resolve_placement(cfg);
-  ModelLayout layout = ModelLayout::build(ModelDims::from(cfg));
-  MemoryEstimate mem = estimate_memory(cfg, placement);
+  const Machine machine = planning_machine(cfg, args.machine, 0, 0);
+  const Plan plan = make_plan(cfg, machine, world, /*check_fit=*/false);
+  const ModelLayout layout = ModelLayout::build(ModelDims::from(cfg));
+  const MemoryPlan& mem = plan.memory;
   std::printf("# resolved configuration\n%s\n", dump_config(cfg).c_str());
   std::printf("parameters: %s total, %s active per token (excluding the embedding table)\n",
               human_count(double(layout.num_params())).c_str(),
@@ -66,12 +86,17 @@ int cmd_validate(const ValidateArgs& args) {
   std::printf("ranks: %d (attention cp %lld × dp %lld, moe ep %lld × dp %lld); step on %s\n", world,
               (long long)cfg.parallel.attention.cp, (long long)cfg.parallel.attention.dp,
               (long long)cfg.parallel.moe.ep, (long long)cfg.parallel.moe.dp,
-              placement.describe().c_str());
-  std::printf("estimated memory per rank: %s (weights %s, gradients %s, optimizer state %s, "
-              "activations %s)\n",
-              format_bytes(double(mem.total())).c_str(), format_bytes(double(mem.weights)).c_str(),
-              format_bytes(double(mem.grads)).c_str(), format_bytes(double(mem.optimizer)).c_str(),
-              format_bytes(double(mem.activations)).c_str());
+              plan.run.describe().c_str());
+  std::printf("estimated memory per rank on %s (mop plan): %s on the %s (weights %s, gradients %s, "
+              "optimizer state %s, activations %s, workspaces %s), %s in host memory\n",
+              machine.name.c_str(), format_bytes(double(mem.device_total())).c_str(),
+              std::string(device_name(plan.run.device)).c_str(), format_bytes(double(mem.weights)).c_str(),
+              format_bytes(double(mem.grads)).c_str(),
+              format_bytes(double(mem.optimizer_state + mem.host_grad_staging)).c_str(),
+              format_bytes(double(mem.activations)).c_str(), format_bytes(double(mem.workspaces)).c_str(),
+              format_bytes(double(mem.host_total())).c_str());
+  const std::string overflow = plan_overflow(plan);
+  if (!overflow.empty()) std::printf("warning: %s\n", overflow.c_str());
   if (cfg.data.paths.empty()) {
     std::printf("data: none given (data.paths)\n");
   } else {
@@ -84,6 +109,45 @@ int cmd_validate(const ValidateArgs& args) {
     }
   }
   std::printf("config OK\n");
+  return 0;
+}
+
+int cmd_plan(const PlanArgs& args) {
+  Config cfg = load_config(args.config, args.overrides);
+  Machine machine = planning_machine(cfg, args.machine, args.nodes, 0);
+  // --gpus: the ranks in all; with --nodes too, spread over them.
+  int world = 0;
+  if (args.gpus > 0) {
+    world = args.gpus;
+    if (args.nodes > 0) {
+      MOP_USER_CHECK(args.gpus % args.nodes == 0, "--gpus ", args.gpus, " does not divide over --nodes ",
+                     args.nodes);
+      machine.gpus_per_node = args.gpus / args.nodes;
+    } else {
+      machine.nodes = (args.gpus + machine.gpus_per_node - 1) / machine.gpus_per_node;
+      machine.gpus_per_node = std::min(machine.gpus_per_node, args.gpus);
+    }
+  } else if (args.nodes > 0 || args.search) {
+    world = machine.ranks();
+  } else {
+    world = int(cfg.parallel.attention.cp * cfg.parallel.attention.dp);
+  }
+  if (args.search || cfg.train.plan == "auto") {
+    const SearchResult r = search_plans(cfg, machine, world);
+    if (args.json) {
+      std::printf("%s\n", search_json(r, args.top).dump(2).c_str());
+    } else {
+      std::printf("%s", search_text(r, args.top).c_str());
+      if (!r.feasible.empty()) std::printf("\nthe best plan:\n%s", plan_text(r.feasible.front().plan).c_str());
+    }
+    MOP_USER_CHECK(!r.feasible.empty(), "no plan fits ", machine.name, " with ", world, " rank(s)");
+    return 0;
+  }
+  const Plan plan = make_plan(cfg, machine, world);
+  if (args.json)
+    std::printf("%s\n", plan_json(plan).dump(2).c_str());
+  else
+    std::printf("%s", plan_text(plan).c_str());
   return 0;
 }
 
@@ -117,16 +181,16 @@ int cmd_generate(const GenerateArgs& args) {
                  "vocab_size is ", cfg.model.vocab_size);
   cfg.train.device = "cpu";
   cfg.train.precision = "fp32";
-  RunPlacement placement = resolve_placement(cfg);
-  auto ops = make_ops(placement);
+  RunPlacement placement = resolve_placement(cfg, Device::CPU);
+  auto ops = make_cpu_ops();
   ModelLayout layout = ModelLayout::build(ModelDims::from(cfg));
   ParamStore params(layout, placement.compute, placement.grad, MemKind::Host);
   Optimizer optim(cfg.optim, params, *ops);
   load_checkpoint(dir, cfg, params, optim, /*optim_state=*/false);
   const int S = int(cfg.data.seq_len);
   TransformerOptions topt;
-  topt.max_batch = 1;
-  topt.max_seq = S;
+  topt.plan.max_batch = 1;
+  topt.plan.max_seq = S;
   Transformer model(layout, params, *ops, topt);
   model.allocate();
 

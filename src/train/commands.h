@@ -14,6 +14,7 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   std::string resume;  // empty: checkpoint.resume from the config
   int64_t profile_step = 0;
+  std::string machine;  // empty: train.machine from the config
 };
 int cmd_train(const TrainArgs& args, World& world);
 
@@ -21,8 +22,21 @@ struct ValidateArgs {
   std::string config;
   std::vector<std::string> overrides;
   bool scan_data = false;  // check every token against the vocabulary
+  std::string machine;     // the memory estimate's machine file; empty: built in
 };
 int cmd_validate(const ValidateArgs& args);
+
+struct PlanArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string machine;  // machine file; empty: built-in h200 (cpu for train.device: cpu)
+  int gpus = 0;         // ranks in all; 0: the config's foldings (or --nodes × GPUs per node)
+  int nodes = 0;        // 0: the machine's
+  bool search = false;  // rank every plan the config's open keys allow
+  bool json = false;
+  int top = 10;         // --search: plans listed
+};
+int cmd_plan(const PlanArgs& args);
 
 struct PrepareDataArgs {
   std::vector<std::string> inputs;

@@ -9,7 +9,7 @@
 
 #include "config/config.h"
 #include "ops/timed_ops.h"
-#include "optim/host_offload.h"
+#include "schedule/host_pipeline.h"
 
 namespace mop {
 

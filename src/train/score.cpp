@@ -74,15 +74,14 @@ ScoreResult score_sequences(const std::string& checkpoint,
                             const std::string& device, bool want_logits) {
   MOP_USER_CHECK(device == "cpu" || device == "cuda", "--device: '", device,
                  "' is not one of cpu, cuda");
-#ifndef MOP_HAVE_CUDA
-  MOP_USER_CHECK(device != "cuda", "--device cuda: this mop was built without CUDA (MOP_CUDA=OFF)");
-#endif
+  MOP_USER_CHECK(device != "cuda" || cuda_built(),
+                 "--device cuda: this mop was built without CUDA (MOP_CUDA=OFF)");
   CheckpointTensors ckpt(resolve_checkpoint_path(checkpoint, "--checkpoint"));
   Config cfg = ckpt.config();
   cfg.train.device = device;
   cfg.train.precision = device == "cpu" ? "fp32" : "bf16";
-  const RunPlacement placement = resolve_placement(cfg);
-  std::unique_ptr<Ops> ops = make_ops(placement);
+  const RunPlacement placement = resolve_placement(cfg, device == "cuda" ? Device::CUDA : Device::CPU);
+  std::unique_ptr<Ops> ops = make_ops(placement.device);
   ModelLayout layout = ModelLayout::build(ModelDims::from(cfg));
   const bool gpu = placement.device == Device::CUDA;
   ParamStore params(layout, placement.compute, placement.grad,
@@ -108,9 +107,9 @@ ScoreResult score_sequences(const std::string& checkpoint,
   }
   MOP_USER_CHECK(max_len > 0, "--tokens: no token ids");
   TransformerOptions topt;
-  topt.max_batch = 1;
-  topt.max_seq = int(max_len);
-  topt.lm_head_chunk = cfg.train.lm_head_chunk;
+  topt.plan.max_batch = 1;
+  topt.plan.max_seq = int(max_len);
+  topt.plan.lm_head_chunk = cfg.train.lm_head_chunk;
   Transformer model(layout, params, *ops, topt);
   model.allocate();
 

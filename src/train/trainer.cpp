@@ -14,67 +14,33 @@
 #include <optional>
 
 #include "core/error.h"
-#ifdef MOP_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
 #include "ops/timed_ops.h"
 #include "optim/schedule.h"
+#include "parallel/sequence_parallel.h"
 #include "parallel/timed_comm.h"
+#include "plan/search.h"
+#include "runtime/runtime.h"
 #include "train/checkpointing.h"
 
 namespace mop {
 
 namespace {
 
-// H200 (and H100 SXM) dense bf16 Tensor Core peak, the MFU denominator.
-constexpr double kGpuPeakBf16Flops = 989e12;
-
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+// "attention 77 ms (16%) | ...": the plan's time split in the log's form.
+std::string predicted_split(const std::array<double, kNumOpCategories>& seconds) {
+  OpTimes t;
+  t.seconds = seconds;
+  return t.describe();
+}
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
-
-std::string RunPlacement::describe() const {
-  return std::string(device_name(device)) + ", " + std::string(dtype_name(compute)) +
-         " compute, " + std::string(dtype_name(grad)) + " gradients";
-}
-
-bool cuda_device_available() {
-#ifdef MOP_HAVE_CUDA
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-#else
-  return false;
-#endif
-}
-
-RunPlacement resolve_placement(const Config& cfg) {
-  RunPlacement p;
-  const auto& t = cfg.train;
-#ifndef MOP_HAVE_CUDA
-  MOP_USER_CHECK(t.device != "cuda", "train.device: cuda, but this mop was built without CUDA (MOP_CUDA=OFF)");
-#endif
-  bool cuda = t.device == "cuda" || (t.device == "auto" && cuda_device_available());
-  if (cuda) {
-    // The CUDA kernels compute in bf16 with fp32 accumulation, statistics and gradients.
-    MOP_USER_CHECK(t.precision == "auto" || t.precision == "bf16", "train.precision: ", t.precision,
-                   " is not available on the GPU (bf16 only); use auto or bf16, or train.device: cpu");
-    p.device = Device::CUDA;
-    p.compute = DType::BF16;
-    p.grad = DType::F32;
-    return p;
-  }
-  MOP_USER_CHECK(t.precision != "bf16", "train.precision: bf16 needs train.device: cuda; the CPU "
-                 "backend runs fp32 or fp64");
-  p.device = Device::CPU;
-  p.compute = t.precision == "fp64" ? DType::F64 : DType::F32;
-  p.grad = p.compute;
-  return p;
-}
 
 TokenLoaderOptions make_loader_options(const Config& cfg) {
   TokenLoaderOptions lo;
@@ -91,34 +57,35 @@ TokenLoaderOptions make_loader_options(const Config& cfg) {
   return lo;
 }
 
-std::unique_ptr<Ops> make_ops(const RunPlacement& placement, int local_rank) {
-  if (placement.device == Device::CPU) return make_cpu_ops();
-#ifdef MOP_HAVE_CUDA
-  return make_cuda_ops(local_rank);
-#else
-  MOP_UNREACHABLE("CUDA placement in a CPU-only build");
-#endif
+Machine run_machine(const Config& cfg, World& world) {
+  const bool gpu = cfg.train.device != "cpu" && gpu_count() > 0;
+  MOP_USER_CHECK(cfg.train.device != "cuda" || cuda_built(),
+                 "train.device: cuda, but this mop was built without CUDA (MOP_CUDA=OFF)");
+  MOP_USER_CHECK(cfg.train.device != "cuda" || gpu, "train.device: cuda, but no CUDA device is available");
+  Machine m = cfg.train.machine.empty() ? builtin_machine(gpu ? "h200" : "cpu") : load_machine(cfg.train.machine);
+  if (!gpu) m.device.kind = Device::CPU;
+  // This machine's memory, the least any rank finds (so every rank makes the same plan).
+  const MemoryInfo host = memory_info(Device::CPU);
+  double mem[2] = {double(host.total), gpu ? 0.0 : double(host.total)};
+  if (gpu) {
+    select_gpu(world.local_rank % gpu_count());
+    mem[1] = double(memory_info(Device::CUDA).free);
+  }
+  world.comm->all_reduce_host(mem, 2, Comm::Op::Min);
+  m.host.memory_bytes = mem[0];
+  m.device.memory_bytes = mem[1];
+  m.gpus_per_node = world.local_size;
+  m.nodes = std::max(1, world.size / std::max(1, world.local_size));
+  return m;
 }
 
-MemoryEstimate estimate_memory(const Config& cfg, const RunPlacement& placement) {
-  ModelLayout layout = ModelLayout::build(ModelDims::from(cfg));
-  MemoryEstimate m;
-  int64_t elems = 0;
-  for (const auto& p : layout.params) elems += (p.numel() + kParamAlign - 1) / kParamAlign * kParamAlign;
-  m.weights = size_t(elems) * dtype_size(placement.compute);
-  m.grads = size_t(elems) * dtype_size(placement.grad);
-  m.optimizer = size_t(elems) * 3 * sizeof(float);
-  // The activation plan without allocating it: a store with no memory is enough to plan.
-  TransformerOptions topt;
-  topt.max_batch = int(cfg.train.micro_batch_size);
-  topt.max_seq = int(cfg.data.seq_len);
-  topt.recompute = cfg.train.recompute;
-  topt.lm_head_chunk = cfg.train.lm_head_chunk;
-  ParamStore shapes_only(layout, placement.compute, placement.grad, MemKind::Host, /*allocate=*/false);
-  auto ops = make_cpu_ops();
-  Transformer plan(layout, shapes_only, *ops, topt);
-  m.activations = plan.planned_bytes();
-  return m;
+Config planned_config(const Config& cfg, const Machine& machine, int world) {
+  if (cfg.train.plan != "auto") return cfg;
+  SearchResult r = search_plans(cfg, machine, world);
+  MOP_USER_CHECK(!r.feasible.empty(), "train.plan: auto: no plan fits ", machine.name, " with ", world,
+                 " rank(s): ", r.rejected.empty() ? std::string("no candidates") : r.rejected.front().why,
+                 " (mop plan --search lists every candidate)");
+  return r.feasible.front().plan.cfg;
 }
 
 Trainer::Trainer(Config cfg, World& world) : cfg_(std::move(cfg)), world_(world) { build(); }
@@ -126,18 +93,23 @@ Trainer::Trainer(Config cfg, World& world) : cfg_(std::move(cfg)), world_(world)
 Trainer::~Trainer() = default;
 
 void Trainer::build() {
-  validate_parallel(cfg_, world_.size);
   MOP_USER_CHECK(!cfg_.data.paths.empty(), "data.paths: no training data given");
   MOP_USER_CHECK(world_.comm->all_equal(dump_config(cfg_)),
                  "the ranks were started with different configurations");
 
-  // 1. Backend and parallel groups (attention: cp × dp, MoE: ep × dp over the same ranks).
-  placement_ = resolve_placement(cfg_);
-  auto timed = std::make_unique<TimedOps>(make_ops(placement_, world_.local_rank));
+  // 1. The plan: every choice below comes from it (train.plan: auto searched for it).
+  const Machine machine = run_machine(cfg_, world_);
+  cfg_ = planned_config(cfg_, machine, world_.size);
+  plan_ = make_plan(cfg_, machine, world_.size);
+
+  // 2. Backend, side streams and parallel groups (attention: cp × dp, MoE: ep × dp).
+  auto timed = std::make_unique<TimedOps>(make_ops(plan_.run.device, world_.local_rank));
   timed_ = timed.get();
   ops_ = std::move(timed);
-  device_used_at_start_ = device_memory_used();
-  groups_ = ParallelGroups::build(cfg_, world_, *ops_);
+  if (plan_.run.device != Device::CPU) device_used_at_start_ = memory_info(plan_.run.device).total -
+                                                              memory_info(plan_.run.device).free;
+  streams_ = std::make_unique<SideStreams>(plan_);
+  groups_ = ParallelGroups::build(cfg_, world_, *ops_, streams_->comm_streams());
   if (world_.size > 1)  // tensor collectives count as communication in the step's time split
     for (auto [c, label] : {std::pair{&groups_->world_data, "world"}, {&groups_->cp_data, "cp"},
                             {&groups_->ep_data, "ep"}, {&groups_->edp_data, "edp"},
@@ -147,235 +119,146 @@ void Trainer::build() {
                             {&groups_->ep_combine, "expert combine"},
                             {&groups_->cp_ring, "ring attention"}})
       if (*c) *c = time_comm(std::move(*c), *timed_, label);
-  dp_size_ = groups_->dp_size;
   dp_rank_ = groups_->dp;
-  micro_batches_ = int(cfg_.train.global_batch_size / (cfg_.train.micro_batch_size * dp_size_));
-  const int cp = groups_->cp_size;
-  if (cp > 1) {
-    MOP_USER_CHECK(cfg_.data.seq_len % (2 * cp) == 0, "data.seq_len: ", cfg_.data.seq_len,
-                   " must divide into 2 × parallel.attention.cp (", 2 * cp,
-                   ") chunks (each cp rank holds an early and a late chunk)");
-    local_positions_ = zigzag_positions(int(cfg_.data.seq_len), cp, groups_->cp);
-  }
-  local_seq_ = int(cfg_.data.seq_len) / cp;
+  if (plan_.cp > 1) local_positions_ = zigzag_positions(int(cfg_.data.seq_len), plan_.cp, groups_->cp);
 
-  // 2. Layout (this rank's experts), parameters.
+  // 3. Layout (this rank's experts), parameters.
   layout_ = ModelLayout::build(ModelDims::from(cfg_, groups_->ep, groups_->ep_size));
-  MemKind mem = placement_.device == Device::CUDA ? MemKind::Device : MemKind::Host;
-  params_ = std::make_unique<ParamStore>(layout_, placement_.compute, placement_.grad, mem);
+  MemKind mem = plan_.run.device == Device::CUDA ? MemKind::Device : MemKind::Host;
+  params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem);
 
-  // 3. Data.
+  // 4. Data.
   loader_ = std::make_unique<TokenLoader>(make_loader_options(cfg_));
   MOP_USER_CHECK(cfg_.train.eval_interval == 0 || loader_->num_valid_windows() > 0,
                  "train.eval_interval: ", cfg_.train.eval_interval,
                  " needs held-out data; set data.valid_fraction > 0");
 
-  // 4. Activations, planned then allocated once.
+  // 5. Activations, as planned, allocated once.
   TransformerOptions topt;
-  topt.max_batch = int(cfg_.train.micro_batch_size);
-  topt.max_seq = local_seq_;
-  topt.recompute = cfg_.train.recompute;
-  topt.lm_head_chunk = cfg_.train.lm_head_chunk;
-  topt.groups = groups_.get();
-  topt.attention_impl = cfg_.parallel.attention.impl;
-  topt.moe_chunks = int(cfg_.parallel.moe.chunks);
+  topt.plan.max_batch = int(cfg_.train.micro_batch_size);
+  topt.plan.max_seq = plan_.local_seq;
+  topt.plan.cp = plan_.cp, topt.plan.ep = plan_.ep, topt.plan.ring = plan_.ring;
+  topt.plan.recompute = cfg_.train.recompute;
+  topt.plan.lm_head_chunk = cfg_.train.lm_head_chunk;
+  topt.plan.moe_chunks = plan_.moe_chunks;
+  topt.comms = {groups_->cp_data.get(), groups_->cp_ring.get(), groups_->ep_data.get(),
+                groups_->ep_host.get(), groups_->ep_dispatch.get(), groups_->ep_combine.get()};
   model_ = std::make_unique<Transformer>(layout_, *params_, *ops_, topt);
-  if (placement_.device == Device::CUDA) {
-    // The activations must fit next to the weights and gradients (allocated above) and the least
-    // optimizer footprint (all state on the host: bf16 gradient staging, 2 bytes per parameter).
-    const double free = double(device_memory_free()), act = double(model_->planned_bytes()),
-                 least = act + double(ops_->workspace_bytes()) + 2.0 * double(params_->total_elements());
-    MOP_USER_CHECK(least <= free, "the activations of one micro-batch (", cfg_.train.micro_batch_size,
-                   " × ", local_seq_, " tokens per rank) need ", format_bytes(act), ", and with the "
-                   "backend workspaces and gradient staging ", format_bytes(least), ", but only ",
-                   format_bytes(free), " of GPU memory are free after the weights and gradients. "
-                   "Lower data.seq_len or train.micro_batch_size, raise parallel.attention.cp",
-                   cfg_.train.recompute ? "" : ", or set train.recompute: true");
-  }
   model_->allocate();
-  const size_t tokens_local = size_t(cfg_.train.micro_batch_size) * size_t(local_seq_);
-  const size_t tokens = size_t(micro_batches_) * tokens_local;
+  const size_t tokens_local = size_t(cfg_.train.micro_batch_size) * size_t(plan_.local_seq);
+  const size_t tokens = size_t(plan_.micro_batches) * tokens_local;
   ids_.assign(tokens, 0), targets_.assign(tokens, 0), positions_.assign(tokens, 0);
-  if (cp > 1) {  // whole sequences as read, before this rank keeps its chunks
+  if (plan_.cp > 1) {  // whole sequences as read, before this rank keeps its chunks
     size_t full = size_t(cfg_.train.micro_batch_size) * size_t(cfg_.data.seq_len);
     full_ids_.assign(full, 0), full_targets_.assign(full, 0), full_positions_.assign(full, 0);
   }
-  if (placement_.device == Device::CUDA)  // one micro-batch's ids/targets/positions on the GPU
+  if (plan_.run.device != Device::CPU)  // one micro-batch's ids/targets/positions on the GPU
     batch_dev_ = Buffer(MemKind::Device, 3 * tokens_local * sizeof(int32_t));
 
-  // 5. Optimizer state, placed per parameter group (GPU or host) in the memory left.
-  std::vector<bool> on_host = choose_state_placement();
-  std::vector<bool> owned = assign_owners();
-  optim_ = std::make_unique<Optimizer>(cfg_.optim, *params_, *ops_, on_host, int(cfg_.optim.host_threads),
-                                       owned);
+  // 6. Optimizer state where the plan put it; ZeRO owners from the plan.
+  std::vector<bool> owned;
+  if (!plan_.owner.empty())
+    for (int p = 0; p < int(layout_.params.size()); ++p) owned.push_back(plan_.owns(world_.rank, p));
+  optim_ = std::make_unique<Optimizer>(cfg_.optim, *params_, *ops_, plan_.state_on_host, owned);
   if (world_.size > 1) {
     std::vector<bool> sharded;
     for (const ParamDef& p : layout_.params) sharded.push_back(p.kind == ParamKind::Experts);
     optim_->set_distributed(std::move(sharded), groups_->ep_size > 1 ? groups_->ep_host.get() : nullptr,
                             groups_->world_host);
   }
-  if (world_.size > 1) {
-    reducer_ = std::make_unique<GradReducer>(*groups_);
-    const int stages = int(layout_.dims.layers) + 2;
-    stage_params_.assign(size_t(stages), {});
-    stage_has_host_state_.assign(size_t(stages), false);
-    stage_reduced_.assign(size_t(stages), false);
-    for (int p = 0; p < int(layout_.params.size()); ++p) {
-      int s = param_stage(layout_, p);
-      stage_params_[size_t(s)].push_back(p);
-      const bool host_update = !on_host.empty() && on_host[size_t(p)] && (owned.empty() || owned[size_t(p)]);
-      if (host_update) stage_has_host_state_[size_t(s)] = true;
-    }
-  }
-  model_->set_hooks({[this](int stage) { optim_->weights_ready(stage); },
-                     [this](int stage) {
-                       if (!last_micro_batch_) return;
-                       if (reducer_) {
-                         reduce_stage(stage);
-                         // The host update copies this stage's gradients: they must be summed.
-                         if (stage_has_host_state_[size_t(stage)]) join_reductions();
-                       }
-                       optim_->grads_final(stage);
-                     },
-                     [this](bool backward) {
-                       timed_->set_phase(backward ? StepPhase::Backward : StepPhase::Forward);
-                     }});
 
-  // 6. Weights.
+  // 7. The step's schedule: segment hooks, gradient sums, host pipeline.
+  schedule_ = std::make_unique<StepSchedule>(plan_, *model_, *params_, *optim_, *groups_, *timed_);
+
+  // 8. Weights.
   resume_or_init();
 
-  size_t weights = size_t(params_->total_elements()) * (dtype_size(placement_.compute) + dtype_size(placement_.grad));
-  planned_device_bytes_ = weights + model_->planned_bytes() + ops_->workspace_bytes() +
-                          batch_dev_.bytes();
-  if (placement_.device == Device::CUDA)
-    planned_device_bytes_ += optim_->native_state_bytes() + host_param_elements(on_host) * 2;
+  check_plan_memory();
+  const MemoryPlan& m = plan_.memory_of_rank(world_.rank);
   spdlog::info("model: {} layers, {:.2f}M parameters ({:.2f}M active per token) | {} | data: {}",
                cfg_.model.num_layers, layout_.num_params() / 1e6, layout_.num_active_params() / 1e6,
-               placement_.describe(), loader_->summary());
+               plan_.run.describe(), loader_->summary());
   spdlog::info("memory per rank: weights+grads {}, optimizer state {} + {} on the host, "
                "activations {}, backend workspaces {} = {} planned | batch: {} sequences × {} "
                "tokens per step, {} micro-batch(es) of {} per rank",
-               format_bytes(double(weights)), format_bytes(double(optim_->native_state_bytes())),
-               format_bytes(double(optim_->host_state_bytes())),
-               format_bytes(double(model_->planned_bytes())), format_bytes(double(ops_->workspace_bytes())),
-               format_bytes(double(planned_device_bytes_)), cfg_.train.global_batch_size,
-               cfg_.data.seq_len, micro_batches_, cfg_.train.micro_batch_size);
+               format_bytes(double(m.weights + m.grads)),
+               format_bytes(double(m.optimizer_state + m.host_grad_staging)),
+               format_bytes(double(m.host_optimizer_state)), format_bytes(double(m.activations)),
+               format_bytes(double(ops_->workspace_bytes())), format_bytes(double(planned_device_bytes())),
+               cfg_.train.global_batch_size, cfg_.data.seq_len, plan_.micro_batches,
+               cfg_.train.micro_batch_size);
+  if (plan_.host_params > 0) {
+    // The host engine is memory-bound; the machine's rates say how long the update takes. The
+    // prediction is what would be exposed if nothing hid it.
+    const HostSpec& h = plan_.machine.host;
+    spdlog::info("optimizer state: {:.2f}M parameters on the host ({}), {:.2f}M on the {}; host "
+                 "update ≈ {:.0f} ms per step at {:.1f} G params/s{}",
+                 plan_.host_params / 1e6, format_bytes(double(m.host_optimizer_state) * 4 / 3),
+                 (layout_.num_params() - plan_.host_params) / 1e6, device_name(plan_.run.device),
+                 1e3 * double(plan_.host_params) / h.adamw_one_pass, h.adamw_one_pass / 1e9,
+                 cfg_.optim.overlap
+                     ? fmt::format(" (new weights after ≈ {:.0f} ms with two passes), overlapped "
+                                   "with the next forward",
+                                   1e3 * double(plan_.host_params) / h.adamw_weights_pass)
+                     : std::string(", not overlapped"));
+  }
+  const StepTime& t = plan_.time;
+  spdlog::info("plan: predicted step {:.0f} ms ({:.0f} tokens/s, MFU {:.1f}%) on {}: {}{}", 1e3 * t.step,
+               t.tokens_per_second(plan_), 100 * t.mfu(plan_), plan_.machine.name,
+               predicted_split(t.seconds), t.host_exposed > 0 ? fmt::format(" | host wait {:.0f} ms", 1e3 * t.host_exposed) : "");
   std::string metrics_path = cfg_.log.metrics_file.empty()
                                  ? cfg_.checkpoint.dir + "/metrics.jsonl"
                                  : cfg_.log.metrics_file;
-  // Model FLOPs per token: 6·N_active (forward + backward of every active weight) plus causal
-  // attention forward + backward, 6·S·heads·head_dim per layer.
-  const ModelDims& d = layout_.dims;
-  flops_per_token_ = 6.0 * double(layout_.num_active_params()) +
-                     6.0 * double(cfg_.data.seq_len) * double(d.heads * d.head_dim) * double(d.layers);
   // The step's model FLOPs are those of all ranks: MFU is against the peak of all their GPUs.
-  double peak = placement_.device == Device::CUDA ? kGpuPeakBf16Flops * world_.size : 0.0;
+  const double peak = plan_.run.device == Device::CUDA ? plan_.machine.device.peak_flops * world_.size : 0.0;
   metrics_ = std::make_unique<MetricsLog>(metrics_path, cfg_.train.steps, cfg_.log.interval,
                                           world_.is_root(), step_, peak);
   timed_->collect();  // setup work is not part of step 1
 }
 
-std::vector<bool> Trainer::assign_owners() {
-  const int n = int(layout_.params.size());
-  owner_.assign(size_t(n), 0);
-  if (!cfg_.parallel.zero || world_.size == 1) return {};
-  // Largest first onto the least-loaded rank of the group that replicates the parameter (dense:
-  // all ranks; experts: the edp group): the same order and result on every rank.
-  std::vector<int> order(n);
-  for (int p = 0; p < n; ++p) order[p] = p;
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return layout_.params[a].numel() > layout_.params[b].numel();
-  });
-  std::vector<int64_t> dense_load(size_t(world_.size), 0), expert_load(size_t(groups_->edp_size), 0);
-  std::vector<bool> owned(static_cast<size_t>(n), false);
-  for (int p : order) {
-    bool expert = layout_.params[p].kind == ParamKind::Experts;
-    auto& load = expert ? expert_load : dense_load;
-    int best = int(std::min_element(load.begin(), load.end()) - load.begin());
-    load[size_t(best)] += layout_.params[p].numel();
-    owner_[size_t(p)] = best;
-    owned[size_t(p)] = best == (expert ? groups_->edp : world_.rank);
+MemoryPlan Trainer::allocated_memory() const {
+  MemoryPlan m;
+  m.weights = size_t(params_->total_elements()) * dtype_size(plan_.run.compute);
+  m.grads = size_t(params_->total_elements()) * dtype_size(plan_.run.grad);
+  m.optimizer_state = optim_->native_state_bytes();
+  m.host_optimizer_state = optim_->host_state_bytes();
+  if (const HostPipeline* p = const_cast<StepSchedule&>(*schedule_).host_pipeline()) {
+    m.host_grad_staging = p->device_staging_bytes();
+    m.host_staging = p->host_staging_bytes();
   }
-  return owned;
+  m.activations = model_->planned_bytes();
+  m.activations_by_component = model_->activations().device_by_component();
+  m.host_activations = model_->activations().host_bytes();
+  m.workspaces = ops_->workspace_bytes();
+  m.batch = batch_dev_.bytes();
+  m.comms = plan_.memory_of_rank(world_.rank).comms;  // inside NCCL: the plan's estimate
+  return m;
 }
 
-void Trainer::broadcast_weights() {
-  if (!cfg_.parallel.zero || world_.size == 1) return;
-  // Owned host-placed weights must be written (not the state: a two-pass host update may still be
-  // writing it, which the broadcast does not need).
-  for (int s = 0; s <= int(layout_.dims.layers) + 1; ++s) optim_->weights_ready(s);
-  for (int p = 0; p < params_->num_params(); ++p) {
-    bool expert = layout_.params[p].kind == ParamKind::Experts;
-    (expert ? groups_->edp_data : groups_->world_data)->broadcast(params_->weight(p), owner_[size_t(p)]);
-  }
+// What the plan predicted must be what was allocated: exactly for every class the trainer sizes
+// itself; the backend's workspaces (cuBLASLt, cuDNN plans) and the communicators' buffers are
+// estimates on GPUs (0 on the CPU).
+void Trainer::check_plan_memory() {
+  const MemoryPlan want = plan_.memory_of_rank(world_.rank), got = allocated_memory();
+  const std::pair<const char*, std::pair<size_t, size_t>> exact[] = {
+      {"weights", {want.weights, got.weights}},
+      {"gradients", {want.grads, got.grads}},
+      {"optimizer state", {want.optimizer_state, got.optimizer_state}},
+      {"host optimizer state", {want.host_optimizer_state, got.host_optimizer_state}},
+      {"gradient staging", {want.host_grad_staging, got.host_grad_staging}},
+      {"host staging", {want.host_staging, got.host_staging}},
+      {"activations", {want.activations, got.activations}},
+      {"host activations", {want.host_activations, got.host_activations}},
+      {"batch", {want.batch, got.batch}}};
+  for (const auto& [what, v] : exact)
+    MOP_CHECK(v.first == v.second, "the plan's ", what, " (", v.first, " bytes) differ from what the "
+              "trainer allocated (", v.second, " bytes)");
+  if (plan_.run.device == Device::CPU) MOP_CHECK(got.workspaces == 0, "CPU workspaces");
 }
 
-int64_t Trainer::host_param_elements(const std::vector<bool>& on_host) const {
-  int64_t n = 0;
-  for (size_t p = 0; p < on_host.size(); ++p)
-    if (on_host[p]) n += (layout_.params[p].numel() + kParamAlign - 1) / kParamAlign * kParamAlign;
-  return n;
-}
-
-std::vector<bool> Trainer::choose_state_placement() {
-  const std::string& mode = cfg_.optim.state_placement;
-  const int n = int(layout_.params.size());
-  const int stages = int(layout_.dims.layers) + 2;
-  std::vector<bool> on_host;
-  if (placement_.device == Device::CPU) {
-    if (mode != "host") return {};
-    MOP_USER_CHECK(placement_.compute == DType::F32, "optim.state_placement: host on the CPU needs "
-                   "train.precision fp32 (the host engine reads fp32 or bf16 gradients)");
-    on_host.assign(n, true);
-  } else if (mode == "gpu") {
-    return {};
-  } else if (mode == "host") {
-    on_host.assign(n, true);
-  } else {
-    // auto: everything on the host costs 2 bytes per parameter on the GPU (bf16 gradient staging);
-    // moving a stage's state to the GPU costs 10 more. Stages are moved in the order the next
-    // forward needs them (embedding, layer 0, …), whose host updates would be exposed first.
-    constexpr double kMarginBytes = 2.0 * (1 << 30);  // allocator slack, lazily built plans
-    std::vector<int64_t> stage_elems(stages, 0);
-    for (int p = 0; p < n; ++p)
-      stage_elems[param_stage(layout_, p)] += (layout_.params[p].numel() + kParamAlign - 1) / kParamAlign * kParamAlign;
-    double free = double(device_memory_free()) - kMarginBytes, need = 0;
-    for (int64_t e : stage_elems) need += 2.0 * double(e);
-    std::vector<bool> stage_on_gpu(stages, false);
-    for (int s = 0; s < stages && need + 10.0 * double(stage_elems[s]) <= free; ++s) {
-      stage_on_gpu[s] = true;
-      need += 10.0 * double(stage_elems[s]);
-    }
-    on_host.assign(n, false);
-    for (int p = 0; p < n; ++p) on_host[p] = !stage_on_gpu[param_stage(layout_, p)];
-  }
-  int64_t host = host_param_elements(on_host);
-  if (host == 0) return {};
-  int64_t host_params = 0;
-  for (int p = 0; p < n; ++p)
-    if (on_host[p]) host_params += layout_.params[p].numel();
-  // The host engine is memory-bound: ~28 bytes per parameter in one pass, 5.2 G params/s on the
-  // H200 machine's 16-core host; the weights pass of a two-pass update reads 14 and writes 2,
-  // 7.6 G params/s there (README). The prediction is what would be exposed if nothing hid it.
-  spdlog::info("optimizer state: {:.2f}M parameters on the host ({}), {:.2f}M on the {}; host "
-               "update ≈ {:.0f} ms per step at 5 G params/s{}",
-               host_params / 1e6, format_bytes(16.0 * double(host)),
-               (layout_.num_params() - host_params) / 1e6, device_name(placement_.device),
-               1e3 * double(host_params) / 5e9,
-               cfg_.optim.overlap
-                   ? fmt::format(" (new weights after ≈ {:.0f} ms with two passes), overlapped "
-                                 "with the next forward",
-                                 1e3 * double(host_params) / 7.5e9)
-                   : std::string(", not overlapped"));
-  return on_host;
-}
-
-size_t Trainer::device_memory_free() const {
-#ifdef MOP_HAVE_CUDA
-  size_t free = 0, total = 0;
-  if (placement_.device == Device::CUDA && cudaMemGetInfo(&free, &total) == cudaSuccess) return free;
-#endif
-  return 0;
+size_t Trainer::planned_device_bytes() const {
+  const MemoryPlan m = allocated_memory();
+  return m.device_total();
 }
 
 void Trainer::resume_or_init() {
@@ -385,7 +268,7 @@ void Trainer::resume_or_init() {
     return;
   }
   TrainerState st = load_checkpoint(*dir, cfg_, *params_, *optim_, /*optim_state=*/true);
-  broadcast_weights();  // each rank loaded the state it owns
+  schedule_->broadcast_weights();  // each rank loaded the state it owns
   MOP_USER_CHECK(st.step < cfg_.train.steps, "checkpoint ", *dir, " is at step ", st.step,
                  ", which is not before train.steps (", cfg_.train.steps, "); nothing to do. "
                  "Raise train.steps to continue training");
@@ -410,7 +293,7 @@ int64_t Trainer::fill_local(int64_t first, bool valid_split, int32_t* ids, int32
   if (local_positions_.empty()) return fill(ids, targets, positions);
   // Sequence parallelism: read whole sequences, keep this rank's chunks.
   fill(full_ids_.data(), full_targets_.data(), full_positions_.data());
-  const int64_t S = cfg_.data.seq_len, sl = local_seq_;
+  const int64_t S = cfg_.data.seq_len, sl = plan_.local_seq;
   int64_t valid = 0;
   for (int64_t q = 0; q < b; ++q)
     for (int64_t l = 0; l < sl; ++l) {
@@ -424,40 +307,18 @@ int64_t Trainer::fill_local(int64_t first, bool valid_split, int32_t* ids, int32
 }
 
 void Trainer::fill_step_batches() {
-  const int64_t b = cfg_.train.micro_batch_size, T = b * local_seq_;
+  const int64_t b = cfg_.train.micro_batch_size, T = b * plan_.local_seq;
   int64_t valid = 0;
-  for (int m = 0; m < micro_batches_; ++m) {
-    int64_t first = consumed_samples_ + (int64_t(m) * dp_size_ + dp_rank_) * b;
+  for (int m = 0; m < plan_.micro_batches; ++m) {
+    int64_t first = consumed_samples_ + (int64_t(m) * plan_.dp + dp_rank_) * b;
     size_t off = size_t(m) * size_t(T);
     valid += fill_local(first, false, ids_.data() + off, targets_.data() + off, positions_.data() + off);
   }
   step_valid_tokens_ = int64_t(groups_->world_host->all_reduce_host(double(valid), Comm::Op::Sum));
 }
 
-void Trainer::reduce_stage(int stage) {
-  // Dense weights are replicated on every rank: sum over all of them. Experts are sharded over
-  // ep: sum over the ranks that hold the same experts.
-  std::vector<Tensor> dense, expert;
-  for (int p : stage_params_[size_t(stage)])
-    (layout_.params[p].kind == ParamKind::Experts ? expert : dense).push_back(params_->grad(p));
-  reducer_->reduce(dense, expert);
-  stage_reduced_[size_t(stage)] = true;
-}
-
-void Trainer::join_reductions() {
-  reducer_->join();  // timed as communication (TimedComm): the time the compute stream waits
-}
-
-void Trainer::reduce_gradients() {
-  if (!reducer_) return;
-  for (size_t s = 0; s < stage_reduced_.size(); ++s)
-    if (!stage_reduced_[s]) reduce_stage(int(s));
-  join_reductions();
-  std::fill(stage_reduced_.begin(), stage_reduced_.end(), false);
-}
-
 Batch Trainer::micro_batch(int m) {
-  const int64_t b = cfg_.train.micro_batch_size, S = local_seq_, T = b * S;
+  const int64_t b = cfg_.train.micro_batch_size, S = plan_.local_seq, T = b * S;
   size_t off = size_t(m) * size_t(T);
   Batch batch;
   batch.batch = int(b);
@@ -469,7 +330,7 @@ Batch Trainer::micro_batch(int m) {
     int32_t* dev = static_cast<int32_t*>(batch_dev_.data());
     Tensor* parts[3] = {&batch.ids, &batch.targets, &batch.positions};
     for (int i = 0; i < 3; ++i) {
-      Tensor d(dev + i * T, DType::I32, {T}, Device::CUDA);
+      Tensor d(dev + i * T, DType::I32, {T}, plan_.run.device);
       ops_->copy(d, *parts[i]);
       *parts[i] = d;
     }
@@ -479,47 +340,23 @@ Batch Trainer::micro_batch(int m) {
 
 Trainer::StepLosses Trainer::compute_gradients() {
   fill_step_batches();
-  float ce_scale = step_valid_tokens_ > 0 ? float(1.0 / double(step_valid_tokens_)) : 0.0f;
+  const float ce_scale = step_valid_tokens_ > 0 ? float(1.0 / double(step_valid_tokens_)) : 0.0f;
   if (step_valid_tokens_ == 0)
     spdlog::warn("step {}: every target of the step is masked; only the router losses train",
                  step_ + 1);
-  ops_->fill(params_->grads_flat(), 0);
   // Router losses are averaged over the step's micro-batches on every data-parallel rank.
-  const float aux_scale = 1.0f / float(micro_batches_ * dp_size_);
-  for (int m = 0; m < micro_batches_; ++m) {
-    last_micro_batch_ = m + 1 == micro_batches_;
-    model_->forward_backward(micro_batch(m), ce_scale, aux_scale);
-  }
-  last_micro_batch_ = false;
-  reduce_gradients();
-  LossTerms lt;
-  {
-    // Reading the losses waits for the step's device work, NCCL collectives included: a peer
-    // that hangs shows up here, so the watchdog times it.
-    std::optional<ScopedCollective> watch;
-    if (groups_->watchdog) watch.emplace(*groups_->watchdog, "the step's device work");
-    lt = model_->take_losses();
-  }
-  double sums[3] = {lt.ce_sum, lt.aux, lt.z};
-  groups_->world_host->all_reduce_host(sums, 3, Comm::Op::Sum);
-  return {step_valid_tokens_ > 0 ? sums[0] / double(step_valid_tokens_) : 0.0, sums[1], sums[2]};
-}
-
-size_t Trainer::device_memory_used() const {
-#ifdef MOP_HAVE_CUDA
-  if (placement_.device == Device::CUDA) {
-    size_t free = 0, total = 0;
-    if (cudaMemGetInfo(&free, &total) == cudaSuccess) return total - free;
-  }
-#endif
-  return 0;
+  const float aux_scale = 1.0f / float(plan_.micro_batches * plan_.dp);
+  const LossTerms sums = schedule_->gradients(
+      plan_.micro_batches, [this](int m) { return micro_batch(m); }, ce_scale, aux_scale);
+  return {step_valid_tokens_ > 0 ? sums.ce_sum / double(step_valid_tokens_) : 0.0, sums.aux, sums.z};
 }
 
 void Trainer::train_step(StepMetrics& sm) {
   const bool profile = cfg_.train.profile_step == step_ + 1 && world_.is_root();
+  HostPipeline* host = schedule_->host_pipeline();
   if (profile) {
     timed_->start_trace();
-    if (optim_->offload()) optim_->offload()->set_tracing(true);
+    if (host) host->set_tracing(true);
   }
   double t0 = now_seconds();
   double lr = learning_rate(cfg_.optim, step_, cfg_.train.steps);
@@ -529,14 +366,12 @@ void Trainer::train_step(StepMetrics& sm) {
   sm.tokens = cfg_.train.global_batch_size * cfg_.data.seq_len;
 
   std::string bad;
-  StepReport rep;
   if (!std::isfinite(sm.loss) || !std::isfinite(sm.aux_loss) || !std::isfinite(sm.z_loss)) {
     bad = "the loss is " + std::to_string(sm.loss);
   } else {
     timed_->force_category(OpCategory::Optimizer);
     timed_->set_phase(StepPhase::Optimizer);
-    rep = optim_->step(float(lr));
-    if (rep.applied) broadcast_weights();
+    const StepReport rep = schedule_->apply(float(lr));
     timed_->clear_forced_category();
     sm.grad_norm = rep.grad_norm;
     if (!rep.applied) bad = "non-finite gradient in " + rep.nonfinite_param;
@@ -551,27 +386,27 @@ void Trainer::train_step(StepMetrics& sm) {
   ++step_;
   sm.step = step_;
   if (profile) {
-    optim_->drain();  // the step's host updates belong to its trace
+    schedule_->drain();  // the step's host updates belong to its trace
     std::vector<TraceEvent> events = timed_->stop_trace();
-    if (HostOffload* off = optim_->offload()) {
-      for (TraceEvent& e : off->take_trace(timed_->trace_host_start())) events.push_back(std::move(e));
-      off->set_tracing(false);
+    if (host) {
+      for (TraceEvent& e : host->take_trace(timed_->trace_host_start())) events.push_back(std::move(e));
+      host->set_tracing(false);
     }
     std::string path = cfg_.checkpoint.dir + "/trace_step_" + std::to_string(step_) + ".json";
     write_chrome_trace(path, events);
     spdlog::info("wrote {} ({} events)", path, events.size());
   }
   sm.times = timed_->collect();
-  sm.offload = optim_->take_offload_stats();
+  sm.offload = schedule_->take_host_stats();
   sm.step_seconds = now_seconds() - t0;
-  sm.model_flops = flops_per_token_ * double(sm.tokens);
+  sm.model_flops = model_flops_per_token(cfg_) * double(sm.tokens);
 }
 
 double Trainer::evaluate() {
   const int64_t b = cfg_.train.micro_batch_size;
   double ce = 0, valid = 0;
   for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
-    int64_t first = (i * dp_size_ + dp_rank_) * b;
+    int64_t first = (i * plan_.dp + dp_rank_) * b;
     valid += double(fill_local(first, true, ids_.data(), targets_.data(), positions_.data()));
     model_->forward(micro_batch(0), 0.0f);
     ce += model_->take_losses().ce_sum;
@@ -582,7 +417,7 @@ double Trainer::evaluate() {
 }
 
 void Trainer::save_checkpoint() {
-  optim_->drain();  // host-placed master weights and moments are final
+  schedule_->drain();  // host-placed master weights and moments are final
   TrainerState st;
   st.step = step_;
   st.consumed_samples = consumed_samples_;
@@ -610,12 +445,15 @@ void Trainer::run() {
         (step_ % cfg_.train.eval_interval == 0 || step_ == cfg_.train.steps))
       sm.val_loss = evaluate();
     metrics_->record(sm);
-    if (step_ == 1 && placement_.device == Device::CUDA) {
-      // After a whole step every plan and workspace exists: compare with the plan.
-      double used = double(device_memory_used() - device_used_at_start_);
-      spdlog::info("device memory: planned {}, in use after step 1 {} ({:+.1f}%)",
-                   format_bytes(double(planned_device_bytes_)), format_bytes(used),
-                   100.0 * (used - double(planned_device_bytes_)) / double(planned_device_bytes_));
+    if (step_ == 1 && plan_.run.device != Device::CPU) {
+      // After a whole step every backend plan and workspace exists: compare with the plan.
+      const MemoryInfo now = memory_info(plan_.run.device);
+      const double used = double(now.total - now.free - device_used_at_start_);
+      const double planned = double(planned_device_bytes()), predicted = double(plan_.memory.device_total());
+      spdlog::info("device memory: planned {} (the plan predicted {}), in use after step 1 {} "
+                   "({:+.1f}% of planned, {:+.1f}% of predicted)",
+                   format_bytes(planned), format_bytes(predicted), format_bytes(used),
+                   100.0 * (used - planned) / planned, 100.0 * (used - predicted) / predicted);
     }
     if (cfg_.checkpoint.interval > 0 && step_ % cfg_.checkpoint.interval == 0) save_checkpoint();
     if (stop_requested()) {

@@ -1,6 +1,8 @@
-// Trainer: builds the run in one fixed order — backend, model layout and parameters, optimizer
-// state, data, activation plan, weights (fresh or resumed) — logs one summary line, then runs the
-// step loop: micro-batches → gradient reduction → optimizer → metrics → evaluation → checkpoint.
+// Trainer: builds the run in one fixed order — the plan (plan/plan.h: foldings, placement, memory,
+// predicted time), backend and side streams, parallel groups, model layout and parameters, data,
+// activations, optimizer state, the step's schedule, weights (fresh or resumed) — checks that what
+// it allocated is what the plan said, logs one summary, then runs the step loop: the schedule's
+// gradients and update → metrics → evaluation → checkpoint.
 #pragma once
 
 #include <memory>
@@ -12,31 +14,25 @@
 #include "model/transformer.h"
 #include "ops/timed_ops.h"
 #include "optim/optimizer.h"
-#include "parallel/grad_reducer.h"
 #include "parallel/groups.h"
 #include "parallel/world.h"
+#include "plan/plan.h"
+#include "schedule/step.h"
+#include "schedule/streams.h"
 #include "train/metrics.h"
 
 namespace mop {
 
-// How the step runs on this machine: backend device and dtypes.
-struct RunPlacement {
-  Device device = Device::CPU;
-  DType compute = DType::F32;
-  DType grad = DType::F32;
-  std::string describe() const;
-};
-RunPlacement resolve_placement(const Config& cfg);
-
-// Memory the run needs per rank, before anything is allocated.
-struct MemoryEstimate {
-  size_t weights = 0, grads = 0, optimizer = 0, activations = 0;
-  size_t total() const { return weights + grads + optimizer + activations; }
-};
-MemoryEstimate estimate_memory(const Config& cfg, const RunPlacement& placement);
-
-std::unique_ptr<Ops> make_ops(const RunPlacement& placement, int local_rank = 0);
 TokenLoaderOptions make_loader_options(const Config& cfg);
+
+// The machine a run plans for: train.machine's file, or the built-in description of the device it
+// runs on (h200 with a GPU, else cpu) — either way with the device memory this process finds free
+// at start (the least over the ranks, so every rank makes the same plan), this host's memory, and
+// the world's ranks per node.
+Machine run_machine(const Config& cfg, World& world);
+// The configuration a run trains with: cfg itself, or with train.plan: auto the first plan of
+// `mop plan --search` for this machine (the keys cfg pins kept).
+Config planned_config(const Config& cfg, const Machine& machine, int world);
 
 class Trainer {
  public:
@@ -45,6 +41,8 @@ class Trainer {
   // Trains to train.steps (or until SIGTERM/SIGINT, after which it checkpoints and returns).
   void run();
   int64_t step() const { return step_; }
+  const Config& config() const { return cfg_; }
+  const Plan& plan() const { return plan_; }
 
   // The current step's gradients (all micro-batches, reduced over ranks) and its losses: what a
   // step does before the optimizer. Public for the multi-rank invariance tests.
@@ -54,6 +52,9 @@ class Trainer {
   StepLosses compute_gradients();
   const ParamStore& params() const { return *params_; }
   const ModelLayout& layout() const { return layout_; }
+  // What this rank allocated, by the plan's classes (MemoryPlan): the plan's estimate of this
+  // rank (plan().memory_of_rank) must equal it.
+  MemoryPlan allocated_memory() const;
 
  private:
   void build();
@@ -62,56 +63,39 @@ class Trainer {
   // Samples [first, first + micro_batch) of the training (or validation) split; keeps this rank's
   // tokens of every sequence. Returns the unmasked targets among them.
   int64_t fill_local(int64_t first, bool valid_split, int32_t* ids, int32_t* targets, int32_t* positions);
-  // Data-parallel gradient sums: each stage's as soon as the last micro-batch's backward finishes
-  // it (overlapped with the rest of backward on GPUs), then the rest, then the compute waits.
-  void reduce_stage(int stage);
-  void join_reductions();
-  void reduce_gradients();
-  // ZeRO-1: which rank updates each parameter (rank in its replica group); this rank's share.
-  std::vector<bool> assign_owners();
-  void broadcast_weights();  // from each parameter's owner to the rest of its group
   Batch micro_batch(int m);
   void train_step(StepMetrics& sm);
   double evaluate();
   void save_checkpoint();
   bool stop_requested();
-  size_t device_memory_used() const;  // bytes in use on this rank's GPU (0 on the CPU)
-  size_t device_memory_free() const;
-  std::vector<bool> choose_state_placement();  // per parameter: optimizer state on the host
-  int64_t host_param_elements(const std::vector<bool>& on_host) const;
+  void check_plan_memory();
+  size_t planned_device_bytes() const;  // what this rank allocated on the ops device
 
   Config cfg_;
   World& world_;
-  RunPlacement placement_;
+  Plan plan_;
   std::unique_ptr<Ops> ops_;  // a TimedOps around the backend
   TimedOps* timed_ = nullptr;
-  double flops_per_token_ = 0;
   ModelLayout layout_;
+  std::unique_ptr<SideStreams> streams_;     // outlive the comms that run on them
+  std::unique_ptr<ParallelGroups> groups_;
   std::unique_ptr<ParamStore> params_;
   std::unique_ptr<Optimizer> optim_;
   std::unique_ptr<TokenLoader> loader_;
   std::unique_ptr<Transformer> model_;
+  std::unique_ptr<StepSchedule> schedule_;  // before the optimizer and model in destruction
   std::unique_ptr<MetricsLog> metrics_;
 
   int64_t step_ = 0;             // optimizer steps done
   int64_t consumed_samples_ = 0;  // global training samples consumed
-  int micro_batches_ = 1;        // per optimizer step on this rank
-  int dp_rank_ = 0, dp_size_ = 1;
+  int dp_rank_ = 0;
   std::vector<int32_t> ids_, targets_, positions_;  // this rank's micro-batches of the step
-  std::unique_ptr<ParallelGroups> groups_;
-  std::unique_ptr<GradReducer> reducer_;  // several ranks only; before groups_ in destruction
-  std::vector<std::vector<int>> stage_params_;  // parameters by stage (param_stage)
-  std::vector<bool> stage_reduced_;             // this step's sums issued
-  std::vector<bool> stage_has_host_state_;      // a host update reads this stage's gradients
-  int local_seq_ = 0;                    // tokens of each sequence on this rank (S / cp)
-  std::vector<int> owner_;               // ZeRO-1 owner of each parameter within its group
   std::vector<int> local_positions_;     // cp > 1: which positions of a sequence this rank holds
   std::vector<int32_t> full_ids_, full_targets_, full_positions_;  // cp > 1: staging
   int64_t step_valid_tokens_ = 0;                   // unmasked targets of the step, all ranks
   int64_t last_saved_step_ = -1;
   Buffer batch_dev_;  // one micro-batch's ids, targets, positions on the GPU
-  bool last_micro_batch_ = false;  // gradients become final in this backward
-  size_t device_used_at_start_ = 0, planned_device_bytes_ = 0;
+  size_t device_used_at_start_ = 0;
 };
 
 }  // namespace mop

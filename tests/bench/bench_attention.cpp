@@ -148,9 +148,9 @@ void time_shape(CudaOps& ops, const Shape& s, bool valid, bool with_fwd, const s
   ops.synchronize();
   const double fwd_flops = 4.0 * s.batch * kHeads * double(s.seq) * double(s.seq) * kHeadDim / 2;
   if (with_fwd)
-    report("attention_fwd " + s.str() + mode, valid, time_ms(fwd, ops.stream()), fwd_flops, 0,
+    report("attention_fwd " + s.str() + mode, valid, time_ms(fwd, ops.cuda_stream()), fwd_flops, 0,
            kAttnFwdTflops);
-  report("attention_bwd " + s.str() + mode, valid, time_ms(bwd, ops.stream()), 2.5 * fwd_flops, 0,
+  report("attention_bwd " + s.str() + mode, valid, time_ms(bwd, ops.cuda_stream()), 2.5 * fwd_flops, 0,
          kAttnBwdTflops, "CudaOps workspace " + format_bytes(double(ops.workspace_bytes())));
 }
 

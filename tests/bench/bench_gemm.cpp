@@ -126,7 +126,7 @@ void bench_dense(const std::string& name, int64_t m, int64_t n, int64_t k, bool 
     }
     valid = valid && within(got.get(i * n + j), ref, abs_sum, k, c_dtype);
   }
-  const double ms = time_ms([&] { ops.gemm(c, a, ta, b, tb, 1, beta); }, ops.stream());
+  const double ms = time_ms([&] { ops.gemm(c, a, ta, b, tb, 1, beta); }, ops.cuda_stream());
   report(name, valid, ms, 2.0 * double(m) * double(n) * double(k), 0, kGemmTflops);
 }
 
@@ -196,7 +196,7 @@ void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows) {
         }
         valid = valid && within(got.get(r * n + j), ref, abs_sum, k, DType::BF16);
       }
-      const double ms = time_ms([&] { ops.grouped_gemm_fwd(y, x, w, offsets); }, ops.stream());
+      const double ms = time_ms([&] { ops.grouped_gemm_fwd(y, x, w, offsets); }, ops.cuda_stream());
       report("grouped fwd        " + tag, valid, ms, flops, 0, kGemmTflops, note);
     }
     // bwd_data: dx[r,kk] = Σ_j dy[r,j]·w[e,j,kk]
@@ -215,11 +215,11 @@ void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows) {
         valid = valid && within(got.get(r * k + kk), ref, abs_sum, n, DType::BF16);
       }
       const double ms =
-          time_ms([&] { ops.grouped_gemm_bwd_data(dx, dy, w, offsets); }, ops.stream());
+          time_ms([&] { ops.grouped_gemm_bwd_data(dx, dy, w, offsets); }, ops.cuda_stream());
       report("grouped bwd_data   " + tag, valid, ms, flops, 0, kGemmTflops, note);
     }
     // bwd_weight: dw[e,j,kk] += Σ_{r of e} dy[r,j]·x[r,kk]; from zero for the check.
-    MOP_CUDA_CHECK(cudaMemsetAsync(dw.t.data, 0, dw.t.bytes(), ops.stream()));
+    MOP_CUDA_CHECK(cudaMemsetAsync(dw.t.data, 0, dw.t.bytes(), ops.cuda_stream()));
     ops.grouped_gemm_bwd_weight(dw, dy, x, offsets);
     {
       const HostOut got(dw.t);
@@ -236,7 +236,7 @@ void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows) {
         valid = valid && within(got.get((e * n + j) * k + kk), ref, abs_sum, rows, DType::F32);
       }
       const double ms =
-          time_ms([&] { ops.grouped_gemm_bwd_weight(dw, dy, x, offsets); }, ops.stream());
+          time_ms([&] { ops.grouped_gemm_bwd_weight(dw, dy, x, offsets); }, ops.cuda_stream());
       report("grouped bwd_weight " + tag, valid, ms, flops, 0, kGemmTflops,
              note + (std::string(path) == "grouped" ? " (fp32 C: runs the loop)" : ""));
     }
@@ -245,7 +245,7 @@ void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows) {
   // The same FLOPs as one dense GEMM (expert 0's weights for every row): what a grouped kernel
   // could reach.
   const Tensor w0 = w.t.at(0);
-  const double ms = time_ms([&] { ops.gemm(y, x, false, w0, true, 1, 0); }, ops.stream());
+  const double ms = time_ms([&] { ops.gemm(y, x, false, w0, true, 1, 0); }, ops.cuda_stream());
   report("dense same FLOPs   " + tag, true, ms, flops, 0, kGemmTflops, "one gemm [R,K].[N,K]^T");
 }
 
@@ -340,10 +340,10 @@ MOP_BENCH("lmhead_ce q3moe-8l T = 4096, chunk 1024") {
 
   const double fwd_flops = 2.0 * double(t_count) * double(v_count) * double(h);
   const double fwd_ms =
-      time_ms([&] { ops.lmhead_ce_fwd(loss, lse, x, w, targets, ws); }, ops.stream());
+      time_ms([&] { ops.lmhead_ce_fwd(loss, lse, x, w, targets, ws); }, ops.cuda_stream());
   report("lmhead_ce fwd T4096 V151936 H2048 chunk 1024", valid, fwd_ms, fwd_flops, 0, kGemmTflops);
   const double bwd_ms =
-      time_ms([&] { ops.lmhead_ce_bwd(dx, dw, x, w, targets, lse, grad_scale, ws); }, ops.stream());
+      time_ms([&] { ops.lmhead_ce_bwd(dx, dw, x, w, targets, lse, grad_scale, ws); }, ops.cuda_stream());
   report("lmhead_ce bwd T4096 V151936 H2048 chunk 1024", valid, bwd_ms, 3 * fwd_flops, 0,
          kGemmTflops, "recomputes logits; dx, dw += per chunk");
 }

@@ -94,9 +94,9 @@ void router_case(int64_t tokens) {
   };
   const double fwd_bytes = double(T) * (E * 8 + 4 + K * 8);
   const double bwd_bytes = double(T) * (E * 8 + 4 + K * 12);
-  report("router_fwd " + shape_str(T, false), fwd_valid, time_ms(fwd, ops.stream()), 0, fwd_bytes,
+  report("router_fwd " + shape_str(T, false), fwd_valid, time_ms(fwd, ops.cuda_stream()), 0, fwd_bytes,
          kHbmGBps);
-  report("router_bwd " + shape_str(T, false), bwd_valid, time_ms(bwd, ops.stream()), 0, bwd_bytes,
+  report("router_bwd " + shape_str(T, false), bwd_valid, time_ms(bwd, ops.cuda_stream()), 0, bwd_bytes,
          kHbmGBps);
 }
 
@@ -112,7 +112,7 @@ void route_plan_case(int64_t tokens) {
                      test::count_mismatches(test::download(p.perm_src), ref.perm_src, 0, 0) == 0 &&
                      test::count_mismatches(test::download(p.slot_of), ref.slot_of, 0, 0) == 0;
   auto run = [&] { ops.moe_route_plan(p.counts, p.offsets, p.perm_src, p.slot_of, g_idx); };
-  report("moe_route_plan " + shape_str(T, false), valid, time_ms(run, ops.stream()), 0,
+  report("moe_route_plan " + shape_str(T, false), valid, time_ms(run, ops.cuda_stream()), 0,
          double(T * K) * 12, kHbmGBps, "workspace " + format_bytes(double(ops.workspace_bytes())));
 }
 
@@ -180,17 +180,17 @@ void permute_case(int64_t tokens, const PermuteValid& valid) {
   const std::string shape = shape_str(T, true);
   const double tok = double(T) * H * 2, rows = double(R) * H * 2;
   report("moe_permute_fwd " + shape, valid.fwd,
-         time_ms([&] { ops.moe_permute_fwd(rows_a, x, p.perm_src); }, ops.stream()), 0,
+         time_ms([&] { ops.moe_permute_fwd(rows_a, x, p.perm_src); }, ops.cuda_stream()), 0,
          tok + rows + R * 4.0, kHbmGBps);
   report("moe_permute_bwd " + shape, valid.bwd,
-         time_ms([&] { ops.moe_permute_bwd(x, rows_a, p.slot_of, int(K), false); }, ops.stream()),
+         time_ms([&] { ops.moe_permute_bwd(x, rows_a, p.slot_of, int(K), false); }, ops.cuda_stream()),
          0, rows + tok + R * 4.0, kHbmGBps);
   report("moe_unpermute_fwd " + shape, valid.unfwd,
-         time_ms([&] { ops.moe_unpermute_fwd(y, rows_a, p.slot_of, topk_w, true); }, ops.stream()),
+         time_ms([&] { ops.moe_unpermute_fwd(y, rows_a, p.slot_of, topk_w, true); }, ops.cuda_stream()),
          0, rows + 2 * tok + R * 8.0, kHbmGBps);
   report("moe_unpermute_bwd " + shape, valid.unbwd,
          time_ms([&] { ops.moe_unpermute_bwd(rows_b, dtopk_w, y, rows_a, p.slot_of, topk_w); },
-                 ops.stream()),
+                 ops.cuda_stream()),
          0, tok + 2 * rows + R * 12.0, kHbmGBps);
 }
 

@@ -98,10 +98,10 @@ void bench_rmsnorm(int64_t rows, int64_t cols) {
   const double fwd_bytes = 4 * elems + 2.0 * double(cols) + 4.0 * double(rows);
   const double bwd_bytes = 6 * elems + 10.0 * double(cols) + 4.0 * double(rows);
   const double fwd_ms =
-      time_ms([&] { ops.rmsnorm_fwd(y.t, rstd.t, d_x.t, d_w.t, eps); }, ops.stream());
+      time_ms([&] { ops.rmsnorm_fwd(y.t, rstd.t, d_x.t, d_w.t, eps); }, ops.cuda_stream());
   report("rmsnorm_fwd [" + dims(rows, cols) + "]", fwd_valid, fwd_ms, 0, fwd_bytes, kHbmGBps);
   const double bwd_ms = time_ms(
-      [&] { ops.rmsnorm_bwd(dx.t, dw.t, d_dy.t, d_x.t, d_w.t, d_rstd.t, false); }, ops.stream());
+      [&] { ops.rmsnorm_bwd(dx.t, dw.t, d_dy.t, d_x.t, d_w.t, d_rstd.t, false); }, ops.cuda_stream());
   report("rmsnorm_bwd [" + dims(rows, cols) + "]", bwd_valid, bwd_ms, 0, bwd_bytes, kHbmGBps);
 }
 
@@ -133,9 +133,9 @@ MOP_BENCH("pointwise swiglu") {
   const bool fwd_valid = close(test::download(h.t), h_ref, 1e-6, kSwigluRtol);
   const bool bwd_valid = close(test::download(dgu.t), dgu_ref, kSwigluAtol, kSwigluRtol);
   const double elems = double(rows) * double(width);
-  const double fwd_ms = time_ms([&] { ops.swiglu_fwd(h.t, d_gu.t); }, ops.stream());
+  const double fwd_ms = time_ms([&] { ops.swiglu_fwd(h.t, d_gu.t); }, ops.cuda_stream());
   report("swiglu_fwd [" + dims(rows, width) + "]", fwd_valid, fwd_ms, 0, 6 * elems, kHbmGBps);
-  const double bwd_ms = time_ms([&] { ops.swiglu_bwd(dgu.t, d_dh.t, d_gu.t); }, ops.stream());
+  const double bwd_ms = time_ms([&] { ops.swiglu_bwd(dgu.t, d_dh.t, d_gu.t); }, ops.cuda_stream());
   report("swiglu_bwd [" + dims(rows, width) + "]", bwd_valid, bwd_ms, 0, 10 * elems, kHbmGBps);
 }
 
@@ -156,9 +156,9 @@ MOP_BENCH("pointwise rope") {
   const double bytes = 4.0 * double(tokens * heads * dim) + 4.0 * double(tokens);
   std::string shape = "[";
   shape += std::to_string(tokens) + "," + std::to_string(heads) + "," + std::to_string(dim) + "]";
-  const double fwd_ms = time_ms([&] { ops.rope_fwd(d_x.t, d_pos.t, theta); }, ops.stream());
+  const double fwd_ms = time_ms([&] { ops.rope_fwd(d_x.t, d_pos.t, theta); }, ops.cuda_stream());
   report("rope_fwd q " + shape, valid, fwd_ms, 0, bytes, kHbmGBps);
-  const double bwd_ms = time_ms([&] { ops.rope_bwd(d_x.t, d_pos.t, theta); }, ops.stream());
+  const double bwd_ms = time_ms([&] { ops.rope_bwd(d_x.t, d_pos.t, theta); }, ops.cuda_stream());
   report("rope_bwd q " + shape, valid, bwd_ms, 0, bytes, kHbmGBps);
 }
 
@@ -236,10 +236,10 @@ void bench_embedding(int64_t tokens, bool zipf) {
                            " H=" + std::to_string(kHidden) +
                            (zipf ? " zipf ids]" : " uniform ids]");
   if (!zipf) {
-    const double ms = time_ms([&] { ops.embedding_fwd(out.t, ids.t, table.t); }, ops.stream());
+    const double ms = time_ms([&] { ops.embedding_fwd(out.t, ids.t, table.t); }, ops.cuda_stream());
     report("embedding_fwd " + name, valid, ms, 0, 4 * th + 4.0 * double(tokens), kHbmGBps);
   }
-  const double ms = time_ms([&] { ops.embedding_bwd(dtable.t, ids.t, dout.t); }, ops.stream());
+  const double ms = time_ms([&] { ops.embedding_bwd(dtable.t, ids.t, dout.t); }, ops.cuda_stream());
   report("embedding_bwd " + name, valid, ms, 0,
          2 * th + 8.0 * double(distinct) * double(kHidden) + 4.0 * double(tokens), kHbmGBps,
          std::to_string(distinct) + " distinct ids");
@@ -285,7 +285,7 @@ MOP_BENCH("pointwise adamw") {
   ops.fill(grad.t, 1e-3);
   ops.synchronize();
   const double ms =
-      time_ms([&] { ops.adamw_step(param.t, m.t, v.t, grad.t, args); }, ops.stream(), 10);
+      time_ms([&] { ops.adamw_step(param.t, m.t, v.t, grad.t, args); }, ops.cuda_stream(), 10);
   report("adamw_step [400M params, f32 grad]", valid, ms, 0, 28.0 * double(n), kHbmGBps);
 }
 

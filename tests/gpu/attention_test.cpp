@@ -16,7 +16,7 @@
 #include <string>
 
 #include "gpu/gpu_test_util.h"
-#include "model/ring_attention.h"
+#include "parallel/ring_attention.h"
 #include "ops/ops_test_util.h"
 #include "parallel/comm.h"
 

@@ -15,7 +15,7 @@
 #include "data/prepare_data.h"
 #include "gpu/gpu_test_util.h"
 #include "ops/cuda_ops.h"
-#include "optim/optimizer.h"
+#include "schedule/host_pipeline.h"
 #include "train/train_test_util.h"
 
 using namespace mop;
@@ -70,7 +70,7 @@ TEST_CASE("gpu optimizer: host-placed state after a skipped step updates with th
     WARN("no CUDA device: skipped");
     return;
   }
-  // Each stage's gradients go to the host as backward finishes them (grads_final); a step skipped
+  // Each segment's gradients go to the host as backward finishes them (grads_final); a step skipped
   // for a non-finite gradient must not leave them for the next one. Skip-then-step has to give the
   // weights of the good step alone, bit for bit.
   Config cfg = load_config_text(R"(
@@ -81,22 +81,24 @@ optim: {lr: 0.1, weight_decay: 0.5, grad_clip: 1.0}
 )");
   const ModelLayout layout = ModelLayout::build(ModelDims::from(cfg));
   CudaOps ops;
-  const int n = int(layout.params.size()), stages = int(layout.dims.layers) + 2;
+  const int n = int(layout.params.size()), segments = num_segments(layout.dims);
   auto run = [&](bool skip_first) {
     ParamStore params{layout, DType::BF16, DType::F32, MemKind::Device};
-    Optimizer o{cfg.optim, params, ops, std::vector<bool>(size_t(n), true), 2};
+    Optimizer o{cfg.optim, params, ops, std::vector<bool>(size_t(n), true)};
     o.init_weights(3);
+    auto pipeline = make_host_pipeline(ops, o.host_params(), 2);
     auto step = [&](bool poisoned) {
       for (int p = 0; p < n; ++p) ops.fill(params.grad(p), (poisoned ? 0.75 : 0.25) + 0.01 * p);
       if (poisoned) {
         const float nan = std::nanf("");
         MOP_CUDA_CHECK(cudaMemcpyAsync(params.grad(layout.layers[0].experts_down).data, &nan,
-                                       sizeof nan, cudaMemcpyHostToDevice, ops.stream()));
+                                       sizeof nan, cudaMemcpyHostToDevice, ops.cuda_stream()));
       }
-      for (int s = 0; s < stages; ++s) o.grads_final(s);
-      const bool applied = o.step(0.1f).applied;
-      o.drain();
-      return applied;
+      for (int s = 0; s < segments; ++s) pipeline->grads_final(s);
+      const StepReport r = o.step(0.1f);
+      pipeline->finish_step(r, /*overlap=*/true);
+      pipeline->drain();
+      return r.applied;
     };
     if (skip_first) CHECK_FALSE(step(true));
     CHECK(step(false));

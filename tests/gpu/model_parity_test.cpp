@@ -49,8 +49,8 @@ struct Run {
       for (int64_t i = 0; i < w.numel(); ++i) w.ptr<float>()[i] = round_bf16(w.ptr<float>()[i]);
     }
     TransformerOptions o;
-    o.max_batch = int(cfg.train.micro_batch_size), o.max_seq = int(cfg.data.seq_len);
-    o.lm_head_chunk = cfg.train.lm_head_chunk;
+    o.plan.max_batch = int(cfg.train.micro_batch_size), o.plan.max_seq = int(cfg.data.seq_len);
+    o.plan.lm_head_chunk = cfg.train.lm_head_chunk;
     model = std::make_unique<Transformer>(layout, *params, *ops, o);
     model->allocate();
   }

@@ -46,7 +46,7 @@ struct Fixture {
     optim = std::make_unique<Optimizer>(cfg.optim, *params, *ops);
     optim->init_weights(7);
     TransformerOptions o;
-    o.max_batch = 2, o.max_seq = 5, o.recompute = recompute, o.lm_head_chunk = 3;
+    o.plan.max_batch = 2, o.plan.max_seq = 5, o.plan.recompute = recompute, o.plan.lm_head_chunk = 3;
     model = std::make_unique<Transformer>(layout, *params, *ops, o);
     model->allocate();
     ids = {1, 4, 9, 2, 2, 7, 0, 3, 10, 5};

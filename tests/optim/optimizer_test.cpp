@@ -1,6 +1,6 @@
 // Optimizer step and LR schedules: clipping as torch's clip_grad_norm_, no decay on norms, a
 // non-finite gradient names the first offending parameter and changes nothing, schedule shapes;
-// the host-offload pipeline's two passes and the gradient-copy gate between rounds.
+// host-placed state through the host pipeline after a skipped step.
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -13,6 +13,7 @@
 #include "config/config.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "schedule/host_pipeline.h"
 #include "test_util.h"
 
 using namespace mop;
@@ -106,24 +107,26 @@ TEST_CASE("lr schedules: warmup, cosine, wsd, constant", "[cpu][optim]") {
 
 TEST_CASE("optimizer: host-placed state after a skipped step updates with the next step's gradients",
           "[cpu][optim]") {
-  // Host-placed parameters move their gradients aside as backward finishes each stage
+  // Host-placed parameters move their gradients aside as backward finishes each segment
   // (grads_final). A step skipped for a non-finite gradient must not leave those copies for the
   // next step: its update has to match the native optimizer's, bit for bit.
   Setup native;
   const int n = native.params.num_params();
   ParamStore params{native.layout, DType::F32, DType::F32, MemKind::Host};
-  Optimizer host{native.cfg.optim, params, *native.ops, std::vector<bool>(size_t(n), true), 2};
+  Optimizer host{native.cfg.optim, params, *native.ops, std::vector<bool>(size_t(n), true)};
   host.init_weights(3);
   REQUIRE(host.num_host_params() == n);
-  const int stages = int(native.layout.dims.layers) + 2;
+  auto pipeline = make_host_pipeline(*native.ops, host.host_params(), 2);
   const int victim = native.layout.layers[0].experts_down;
   auto step = [&](ParamStore& ps, Optimizer& o, bool poisoned) {
     for (int p = 0; p < n; ++p) native.ops->fill(ps.grad(p), (poisoned ? 0.75 : 0.25) + 0.01 * p);
     if (poisoned) ps.grad(victim).ptr<float>()[1] = std::nanf("");
-    for (int s = 0; s < stages; ++s) o.grads_final(s);
-    const bool applied = o.step(0.1f).applied;
-    o.drain();
-    return applied;
+    HostPipeline* pipe = &o == &host ? pipeline.get() : nullptr;
+    if (pipe)
+      for (int s = 0; s < num_segments(native.layout.dims); ++s) pipe->grads_final(s);
+    const StepReport r = o.step(0.1f);
+    if (pipe) pipe->finish_step(r, /*overlap=*/true), pipe->drain();
+    return r.applied;
   };
   CHECK_FALSE(step(native.params, native.optim, true));
   CHECK_FALSE(step(params, host, true));
@@ -140,82 +143,3 @@ TEST_CASE("optimizer: host-placed state after a skipped step updates with the ne
   CHECK(differ == 0);
 }
 
-namespace {
-
-// A HostOffload whose hooks only record: the state pass blocks until release().
-class GatedOffload final : public HostOffload {
- public:
-  explicit GatedOffload(std::vector<HostParam> params) : HostOffload(std::move(params), 1) { start(); }
-  ~GatedOffload() override {
-    release();
-    stop();
-  }
-  void release() {
-    std::lock_guard<std::mutex> lock(gate_mu_);
-    open_ = true;
-    gate_.notify_all();
-  }
-  std::atomic<int> copies{0};
-  std::vector<std::string> passes() {
-    std::lock_guard<std::mutex> lock(gate_mu_);
-    return passes_;
-  }
-
- private:
-  double copy_grad(size_t) override {
-    ++copies;
-    return 0;
-  }
-  void update_param(size_t i, const AdamWArgs&, Pass pass) override {
-    std::unique_lock<std::mutex> lock(gate_mu_);
-    const char* names[] = {"both", "weights", "state"};
-    passes_.push_back(std::string(names[int(pass)]) + " " + std::to_string(i));
-    if (pass == Pass::State) gate_.wait(lock, [&] { return open_; });
-  }
-  std::mutex gate_mu_;
-  std::condition_variable gate_;
-  bool open_ = false;
-  std::vector<std::string> passes_;
-};
-
-}  // namespace
-
-TEST_CASE("host offload: weights pass first; the next gradient copy waits for the state pass",
-          "[cpu][optim]") {
-  std::vector<HostParam> hp(2);
-  hp[0].stage = 0, hp[1].stage = 1;
-  GatedOffload off(hp);
-  const std::vector<AdamWArgs> args(2);
-  off.grads_final(0);
-  off.grads_final(1);
-  CHECK(off.copies == 2);
-  off.update(args, /*overlap=*/true);
-  off.weights_ready(0);  // the weights passes finish while the state pass is held
-  off.weights_ready(1);
-  std::thread next_backward([&] { off.grads_final(1); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  CHECK(off.copies == 2);  // param 1's gradient staging is still being read
-  off.release();
-  next_backward.join();
-  CHECK(off.copies == 3);
-  off.drain();
-  CHECK(off.passes() ==
-        std::vector<std::string>{"weights 0", "weights 1", "state 0", "state 1"});
-  off.update(args, /*overlap=*/false);  // plain: one pass, done on return
-  CHECK(off.passes().size() == 6);
-  CHECK(off.passes()[4] == "both 0");
-  CHECK(off.passes()[5] == "both 1");
-  CHECK(off.copies == 4);  // update() copied param 0's gradient, not final before
-}
-
-TEST_CASE("host offload: one or two passes, whichever cost the step less, probing the other",
-          "[cpu][optim]") {
-  const uint64_t probe = HostOffload::kProbeEvery;
-  CHECK(HostOffload::choose_two_pass(1, -1, -1));        // first round: two passes
-  CHECK_FALSE(HostOffload::choose_two_pass(2, -1, 0.8));  // then measure one pass
-  CHECK(HostOffload::choose_two_pass(3, 1.2, 0.8));       // the cheaper
-  CHECK_FALSE(HostOffload::choose_two_pass(3, 0.7, 0.8));
-  CHECK_FALSE(HostOffload::choose_two_pass(probe, 1.2, 0.8));  // now and then the other one
-  CHECK(HostOffload::choose_two_pass(2 * probe, 0.7, 0.8));
-  CHECK(HostOffload::choose_two_pass(2 * probe + 1, 1.2, 0.8));
-}

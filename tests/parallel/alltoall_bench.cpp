@@ -15,7 +15,7 @@
 #include "catch.h"
 #include "core/cuda_check.h"
 #include "gpu/gpu_test_util.h"
-#include "parallel/cuda_nccl_comm.h"
+#include "runtime/nccl_comm.h"
 #include "parallel/expert_dispatch.h"
 #include "parallel/mpi_comm.h"
 
@@ -74,10 +74,10 @@ TEST_CASE("all-to-all benchmark: expert dispatch vs NCCL all-to-all", "[.][allto
     auto time = [&](auto&& fn) {
       for (int i = 0; i < 3; ++i) fn();
       MPI_Barrier(MPI_COMM_WORLD);
-      MOP_CUDA_CHECK(cudaEventRecord(a, ops.stream()));
+      MOP_CUDA_CHECK(cudaEventRecord(a, ops.cuda_stream()));
       const int iters = 20;
       for (int i = 0; i < iters; ++i) fn();
-      MOP_CUDA_CHECK(cudaEventRecord(b, ops.stream()));
+      MOP_CUDA_CHECK(cudaEventRecord(b, ops.cuda_stream()));
       MOP_CUDA_CHECK(cudaEventSynchronize(b));
       float ms = 0;
       MOP_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));

@@ -22,8 +22,8 @@
 
 #include "catch.h"
 #include "parallel/mpi_corpus.h"
-#include "model/ring_attention.h"
-#include "model/sequence_parallel.h"
+#include "parallel/ring_attention.h"
+#include "parallel/sequence_parallel.h"
 #include "ops/ops_test_util.h"
 #include "parallel/expert_dispatch.h"
 #include "parallel/mpi_comm.h"

@@ -13,7 +13,7 @@
 
 #include "catch.h"
 #include "gpu/gpu_test_util.h"
-#include "parallel/cuda_nccl_comm.h"
+#include "runtime/nccl_comm.h"
 #include "parallel/watchdog.h"
 
 using namespace mop;
@@ -49,10 +49,10 @@ Group test_group() {
   return g;
 }
 
-struct Stream {
+struct CudaStream {
   cudaStream_t s = nullptr;
-  Stream() { MOP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
-  ~Stream() { cudaStreamDestroy(s); }
+  CudaStream() { MOP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~CudaStream() { cudaStreamDestroy(s); }
 };
 
 template <class T>
@@ -169,8 +169,8 @@ TEST_CASE("nccl comm: collectives on device buffers move exactly what they shoul
     return;
   }
   MOP_CUDA_CHECK(cudaSetDevice(g.local_rank));
-  Stream stream;
-  auto comm = make_nccl_comm(g.comm, stream.s);
+  CudaStream stream;
+  auto comm = make_nccl_comm(g.comm, Stream::wrap(Device::CUDA, stream.s));
   const int R = comm->size(), me = comm->rank();
   CHECK(comm->name() == "nccl");
   if (g.comm == MPI_COMM_NULL) CHECK(R == 1);
@@ -293,8 +293,8 @@ TEST_CASE("nccl comm: collectives on device buffers move exactly what they shoul
     // there right after join(); a collective that did not wait, or a join that did not, would
     // show stale rows. Large rows make such a race visible. Rank s sends one row to rank d from
     // row R−1−d and receives rank s's at row 2·(R−1−s); the rows between stay untouched.
-    Stream side;
-    auto async = make_nccl_comm(g.comm, side.s, stream.s);
+    CudaStream side;
+    auto async = make_nccl_comm(g.comm, Stream::wrap(Device::CUDA, side.s), Stream::wrap(Device::CUDA, stream.s));
     const int64_t W = int64_t(1) << 16;
     auto code = [&](int s, int d, int64_t c) { return double((int64_t(s) * 16 + d) * W + c); };
     Guarded in(DType::U32, R, W), out(DType::U32, 2 * R, W);

@@ -9,7 +9,7 @@
 //   part_dk, part_dv     [c, KV] compute       a block's dk, dv
 //   part_lse             [Nq, c] acc           a block's lse
 //   conv                 [c, max(Q, KV)] acc   a block's gradient converted to acc (bf16 runs)
-#include "model/ring_attention.h"
+#include "parallel/ring_attention.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,4 +1,4 @@
-// expect_tensor (see ops.h).
+// The shared argument check and the backend factory (see ops.h).
 #include <string>
 
 #include "core/error.h"
@@ -20,6 +20,15 @@ void expect_tensor(const Tensor& t, const char* name, std::optional<Device> devi
     MOP_CHECK(false, name, " has shape ", t.shape_str(), ", expected ", want.shape_str());
   }
   MOP_CHECK(t.data != nullptr || t.numel() == 0, name, " has no data");
+}
+
+std::unique_ptr<Ops> make_ops(Device device, int local_rank) {
+  if (device == Device::CPU) return make_cpu_ops();
+#ifdef MOP_HAVE_CUDA
+  return make_cuda_ops(local_rank);
+#else
+  throw_user_error("train.device: cuda, but this mop was built without CUDA (MOP_CUDA=OFF)");
+#endif
 }
 
 }  // namespace mop

@@ -1,5 +1,5 @@
-// HostOffload: the optimizer for parameters whose fp32 master weights and Adam m, v live in host
-// memory. Per parameter, in the order the next forward needs them (embedding, layer 0, …, head):
+// HostPipeline: the part of the step's schedule that updates the parameters whose fp32 master
+// weights and Adam m, v live in host memory (the optimizer's host_params()). Per parameter, in the order the next forward needs them (embedding, layer 0, …, head):
 //   gradient (fp32, on the GPU) → bf16 on the GPU → host (copy stream, started as soon as the
 //   last micro-batch's backward has finished that layer) → host AdamW on worker threads (once the
 //   step's clip scale and non-finite check are known) → bf16 weights → GPU (upload stream).
@@ -28,16 +28,9 @@
 #include "core/thread_pool.h"
 #include "ops/ops.h"
 #include "ops/timed_ops.h"
+#include "optim/optimizer.h"
 
 namespace mop {
-
-struct HostParam {
-  int param = 0;
-  int stage = 0;           // 0 embedding, 1..L layers, L+1 final norm and LM head
-  Tensor master, m, v;     // fp32, host memory
-  Tensor grad;             // accumulated gradient on the ops device (fp32)
-  Tensor weights;          // compute weights on the ops device
-};
 
 struct OffloadStats {
   double bytes_to_host = 0, bytes_to_device = 0;
@@ -47,26 +40,34 @@ struct OffloadStats {
 };
 
 // The pipeline both backends share: a dispatcher thread updates the parameters in order (one
-// round per step), the main thread gates each stage's use on its parameters' round. Backends fill
-// in how a gradient reaches the host and how the new weights get back (the hooks below).
-class HostOffload {
+// round per step), the main thread gates each segment's use on its parameters' round. Backends
+// fill in how a gradient reaches the host and how the new weights get back (the hooks below).
+class HostPipeline {
  public:
-  virtual ~HostOffload();
-  HostOffload(const HostOffload&) = delete;
-  HostOffload& operator=(const HostOffload&) = delete;
+  virtual ~HostPipeline();
+  HostPipeline(const HostPipeline&) = delete;
+  HostPipeline& operator=(const HostPipeline&) = delete;
 
-  // The gradients of `stage` are final (called from the last micro-batch's backward): start
+  // The gradients of `segment` are final (called from the last micro-batch's backward): start
   // moving them to the host.
-  void grads_final(int stage);
+  void grads_final(int segment);
   // Update every host parameter with args[i] (for params()[i]); starts at once, and returns when
   // done unless `overlap` (then weights_ready() gates their use).
   void update(const std::vector<AdamWArgs>& args, bool overlap);
+  // After the optimizer's step: update() with its host arguments, or discard_grads() when the
+  // step was skipped.
+  void finish_step(const StepReport& report, bool overlap) {
+    if (report.applied)
+      update(report.host_args, overlap);
+    else
+      discard_grads();
+  }
   // The step's gradients will not be used (a skipped step): the next step's grads_final() moves
-  // its own, also for the stages this step already moved.
+  // its own, also for the segments this step already moved.
   void discard_grads();
-  // Before the forward reads the weights of `stage`: wait for them (on the GPU: make the compute
+  // Before the forward reads the weights of `segment`: wait for them (on the GPU: make the compute
   // stream wait).
-  void weights_ready(int stage);
+  void weights_ready(int segment);
   // Waits for all outstanding host work (checkpoints, shutdown).
   void drain();
   OffloadStats take_stats();
@@ -76,13 +77,16 @@ class HostOffload {
   static constexpr uint64_t kProbeEvery = 32;
   static bool choose_two_pass(uint64_t round, double one_pass_cost, double two_pass_cost);
   const std::vector<HostParam>& params() const { return params_; }
+  // The staging this pipeline allocated: on the ops device (next to a GPU) and in host memory.
+  virtual size_t device_staging_bytes() const { return 0; }
+  virtual size_t host_staging_bytes() const { return 0; }
   // While tracing, host updates and the waits for them are recorded (steady-clock seconds);
   // take_trace returns them relative to t0.
   void set_tracing(bool on);
   std::vector<TraceEvent> take_trace(double t0);
 
  protected:
-  HostOffload(std::vector<HostParam> params, int threads);
+  HostPipeline(std::vector<HostParam> params, int threads);
   // The dispatcher thread: start() at the end of the backend's constructor, stop() first in its
   // destructor (the hooks use the backend's members).
   void start();
@@ -134,9 +138,11 @@ class HostOffload {
 };
 
 // CPU backend: host-side pipeline with a dispatcher thread and the host AdamW engine.
-std::unique_ptr<HostOffload> make_cpu_host_offload(std::vector<HostParam> params, int threads);
-// CUDA backend (cuda_host_offload.cpp): streams, events, pinned staging.
-std::unique_ptr<HostOffload> make_cuda_host_offload(Ops& ops, std::vector<HostParam> params,
-                                                    int threads);
+std::unique_ptr<HostPipeline> make_cpu_host_pipeline(std::vector<HostParam> params, int threads);
+// Device backends (host_pipeline_staged.cpp): streams, events, pinned staging.
+std::unique_ptr<HostPipeline> make_staged_host_pipeline(Ops& ops, std::vector<HostParam> params,
+                                                        int threads);
+// The pipeline for `ops`' device (null when there are no host-placed parameters).
+std::unique_ptr<HostPipeline> make_host_pipeline(Ops& ops, std::vector<HostParam> params, int threads);
 
 }  // namespace mop

@@ -1,7 +1,7 @@
-// HostOffload's shared pipeline (dispatcher thread, rounds, waits, stats, trace) and the CPU
+// HostPipeline's shared pipeline (dispatcher thread, rounds, waits, stats, trace) and the CPU
 // backend: gradients are copied aside when final (so the next step may zero them) and the
 // dispatcher writes each parameter's compute weights itself.
-#include "optim/host_offload.h"
+#include "schedule/host_pipeline.h"
 
 #include <algorithm>
 #include <chrono>
@@ -20,20 +20,20 @@ double now() {
 }
 }  // namespace
 
-HostOffload::HostOffload(std::vector<HostParam> params, int threads)
+HostPipeline::HostPipeline(std::vector<HostParam> params, int threads)
     : params_(std::move(params)), pool_(threads), copied_(params_.size(), false),
       done_gen_(params_.size(), 0), state_gen_(params_.size(), 0) {}
 
-HostOffload::~HostOffload() {
+HostPipeline::~HostPipeline() {
   if (dispatcher_.joinable()) {  // a backend that did not stop() its dispatcher: a bug
-    std::fprintf(stderr, "internal error: HostOffload destroyed with its dispatcher running\n");
+    std::fprintf(stderr, "internal error: HostPipeline destroyed with its dispatcher running\n");
     std::abort();
   }
 }
 
-void HostOffload::start() { dispatcher_ = std::thread([this] { run(); }); }
+void HostPipeline::start() { dispatcher_ = std::thread([this] { run(); }); }
 
-void HostOffload::stop() {
+void HostPipeline::stop() {
   if (!dispatcher_.joinable()) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -43,9 +43,9 @@ void HostOffload::stop() {
   dispatcher_.join();
 }
 
-void HostOffload::grads_final(int stage) {
+void HostPipeline::grads_final(int segment) {
   for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].stage == stage && !copied_[i]) {
+    if (params_[i].segment == segment && !copied_[i]) {
       const double t0 = now();
       {  // the previous round's state pass may still read the gradient staging
         std::unique_lock<std::mutex> lock(mu_);
@@ -65,10 +65,10 @@ void HostOffload::grads_final(int stage) {
     }
 }
 
-void HostOffload::update(const std::vector<AdamWArgs>& args, bool overlap) {
+void HostPipeline::update(const std::vector<AdamWArgs>& args, bool overlap) {
   MOP_CHECK(args.size() == params_.size(), "host update arguments");
   drain();  // one round at a time
-  for (const HostParam& p : params_) grads_final(p.stage);  // those not final yet
+  for (const HostParam& p : params_) grads_final(p.segment);  // those not final yet
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (gen_ > 0) cost_[two_pass_] = round_seconds_ + (two_pass_ ? gate_seconds_ : 0);
@@ -83,36 +83,36 @@ void HostOffload::update(const std::vector<AdamWArgs>& args, bool overlap) {
   if (!overlap) drain();
 }
 
-bool HostOffload::choose_two_pass(uint64_t round, double one_pass_cost, double two_pass_cost) {
+bool HostPipeline::choose_two_pass(uint64_t round, double one_pass_cost, double two_pass_cost) {
   if (round <= 1 || two_pass_cost < 0) return true;
   if (one_pass_cost < 0) return false;
   const bool best = two_pass_cost <= one_pass_cost;
   return round % kProbeEvery == 0 ? !best : best;
 }
 
-void HostOffload::discard_grads() { std::fill(copied_.begin(), copied_.end(), false); }
+void HostPipeline::discard_grads() { std::fill(copied_.begin(), copied_.end(), false); }
 
-void HostOffload::weights_ready(int stage) {
+void HostPipeline::weights_ready(int segment) {
   const double t0 = now();
-  std::vector<size_t> updated;  // the stage's parameters updated at least once
+  std::vector<size_t> updated;  // the segment's parameters updated at least once
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] {
       for (size_t i = 0; i < params_.size(); ++i)
-        if (params_[i].stage == stage && done_gen_[i] < gen_) return false;
+        if (params_[i].segment == segment && done_gen_[i] < gen_) return false;
       return true;
     });
     for (size_t i = 0; i < params_.size(); ++i)
-      if (params_[i].stage == stage && done_gen_[i] > 0) updated.push_back(i);
+      if (params_[i].segment == segment && done_gen_[i] > 0) updated.push_back(i);
   }
   for (size_t i : updated) weights_used(i);
   const double t1 = now();
-  if (t1 - t0 > 1e-5) trace("wait stage " + std::to_string(stage), "main thread (waits)", t0, t1);
+  if (t1 - t0 > 1e-5) trace("wait segment " + std::to_string(segment), "main thread (waits)", t0, t1);
   std::lock_guard<std::mutex> lock(mu_);
   stats_.wait_seconds += t1 - t0;
 }
 
-void HostOffload::drain() {
+void HostPipeline::drain() {
   const double t0 = now();
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -123,14 +123,14 @@ void HostOffload::drain() {
   stats_.wait_seconds += now() - t0;
 }
 
-OffloadStats HostOffload::take_stats() {
+OffloadStats HostPipeline::take_stats() {
   std::lock_guard<std::mutex> lock(mu_);
   OffloadStats s = stats_;
   stats_ = OffloadStats{};
   return s;
 }
 
-void HostOffload::run() {
+void HostPipeline::run() {
   dispatcher_started();
   for (;;) {
     std::vector<AdamWArgs> args;
@@ -179,12 +179,12 @@ void HostOffload::run() {
   }
 }
 
-void HostOffload::set_tracing(bool on) {
+void HostPipeline::set_tracing(bool on) {
   std::lock_guard<std::mutex> lock(trace_mu_);
   tracing_ = on;
 }
 
-std::vector<TraceEvent> HostOffload::take_trace(double t0) {
+std::vector<TraceEvent> HostPipeline::take_trace(double t0) {
   std::lock_guard<std::mutex> lock(trace_mu_);
   std::vector<TraceEvent> out = std::move(trace_);
   trace_.clear();
@@ -192,17 +192,17 @@ std::vector<TraceEvent> HostOffload::take_trace(double t0) {
   return out;
 }
 
-void HostOffload::trace(const std::string& name, const char* track, double start, double end) {
+void HostPipeline::trace(const std::string& name, const char* track, double start, double end) {
   std::lock_guard<std::mutex> lock(trace_mu_);
   if (tracing_) trace_.push_back({name, "host optimizer", track, start, end - start});
 }
 
 namespace {
 
-class CpuHostOffload final : public HostOffload {
+class CpuHostPipeline final : public HostPipeline {
  public:
-  CpuHostOffload(std::vector<HostParam> params, int threads)
-      : HostOffload(std::move(params), threads) {
+  CpuHostPipeline(std::vector<HostParam> params, int threads)
+      : HostPipeline(std::move(params), threads) {
     int64_t total = 0;
     for (const HostParam& p : params_) {
       MOP_CHECK(p.grad.dtype == DType::F32, "host optimizer on the CPU needs fp32 gradients");
@@ -212,7 +212,8 @@ class CpuHostOffload final : public HostOffload {
     grads_ = Buffer(MemKind::Host, size_t(total) * sizeof(float));
     start();
   }
-  ~CpuHostOffload() override { stop(); }
+  ~CpuHostPipeline() override { stop(); }
+  size_t host_staging_bytes() const override { return grads_.bytes(); }
 
  private:
   Tensor staged_grad(size_t i) const {
@@ -241,8 +242,14 @@ class CpuHostOffload final : public HostOffload {
 
 }  // namespace
 
-std::unique_ptr<HostOffload> make_cpu_host_offload(std::vector<HostParam> params, int threads) {
-  return std::make_unique<CpuHostOffload>(std::move(params), threads);
+std::unique_ptr<HostPipeline> make_cpu_host_pipeline(std::vector<HostParam> params, int threads) {
+  return std::make_unique<CpuHostPipeline>(std::move(params), threads);
+}
+
+std::unique_ptr<HostPipeline> make_host_pipeline(Ops& ops, std::vector<HostParam> params, int threads) {
+  if (params.empty()) return nullptr;
+  if (ops.device() == Device::CPU) return make_cpu_host_pipeline(std::move(params), threads);
+  return make_staged_host_pipeline(ops, std::move(params), threads);
 }
 
 }  // namespace mop

@@ -21,11 +21,6 @@ namespace mop {
 // Positions (within a sequence of S) of the S/cp tokens rank cp_rank holds, in its local order.
 std::vector<int> zigzag_positions(int seq, int cp_size, int cp_rank);
 
-// parallel.attention.impl resolved for cp ranks: true for ring attention (model/ring_attention.h),
-// false for Ulysses. "auto" picks Ulysses when both head counts divide by cp; "ulysses" with head
-// counts that do not is a UserError (the config's validation reports it first).
-bool use_ring_attention(const std::string& impl, int64_t num_heads, int64_t num_kv_heads, int cp);
-
 class UlyssesExchange {
  public:
   // batch sequences of seq (full length) tokens; max_width: the widest row exchanged

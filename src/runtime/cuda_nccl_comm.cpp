@@ -1,14 +1,14 @@
 // NCCL collectives on device tensors, enqueued on the backend's stream; the communicator is
 // bootstrapped through MPI (rank 0's id broadcast to the group). Variable all-to-all is one NCCL
 // group of send/recv pairs with byte counts, so rows of any dtype move unchanged.
-#include "parallel/cuda_nccl_comm.h"
+#include "runtime/nccl_comm.h"
 
 #include <exception>
 #include <string>
 
 #include "core/cuda_check.h"
 #include "parallel/mpi_check.h"
-#include "parallel/nccl_check.h"
+#include "runtime/nccl_check.h"
 
 namespace mop {
 namespace {
@@ -220,8 +220,10 @@ class NcclComm final : public Comm {
 
 }  // namespace
 
-std::unique_ptr<Comm> make_nccl_comm(MPI_Comm group, cudaStream_t stream, cudaStream_t follow) {
-  return std::make_unique<NcclComm>(group, stream, follow);
+std::unique_ptr<Comm> make_nccl_comm(MPI_Comm group, Stream stream, Stream follow) {
+  MOP_CHECK(stream.device() == Device::CUDA && !stream.is_null(), "NCCL collectives need a GPU stream");
+  return std::make_unique<NcclComm>(group, static_cast<cudaStream_t>(stream.native()),
+                                    static_cast<cudaStream_t>(follow.native()));
 }
 
 }  // namespace mop

@@ -1,6 +1,6 @@
 // Ulysses exchange (see sequence_parallel.h). Row units: a local tensor [T_l, heads·D] is viewed
 // as [T_l·cp, W] with W = heads/cp·D, so row t·cp + j is token t's j-th head slice.
-#include "model/sequence_parallel.h"
+#include "parallel/sequence_parallel.h"
 
 namespace mop {
 
@@ -11,16 +11,6 @@ std::vector<int> zigzag_positions(int seq, int cp_size, int cp_rank) {
   for (int i = 0; i < c; ++i) pos.push_back(cp_rank * c + i);
   for (int i = 0; i < c; ++i) pos.push_back((2 * cp_size - 1 - cp_rank) * c + i);
   return pos;
-}
-
-bool use_ring_attention(const std::string& impl, int64_t num_heads, int64_t num_kv_heads, int cp) {
-  const bool divisible = num_heads % cp == 0 && num_kv_heads % cp == 0;
-  if (impl == "ring") return true;
-  MOP_USER_CHECK(impl == "auto" || impl == "ulysses", "parallel.attention.impl: unknown '", impl, "'");
-  MOP_USER_CHECK(impl == "auto" || divisible, "parallel.attention.impl: ulysses needs model.num_heads (",
-                 num_heads, ") and model.num_kv_heads (", num_kv_heads,
-                 ") to divide by parallel.attention.cp (", cp, "); use ring or auto");
-  return !divisible;
 }
 
 size_t UlyssesExchange::buffer_bytes(int batch, int seq, int64_t max_width, DType dtype) {

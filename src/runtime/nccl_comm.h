@@ -1,21 +1,21 @@
-// NcclComm: Comm over NCCL for device tensors of one group of ranks (CUDA builds only). Every
-// device collective is enqueued on the given stream and returns without waiting; barrier() and
-// the host reductions go through MPI on the same group.
+// NcclComm: Comm over NCCL for device tensors of one group of ranks (CUDA builds only; a binary
+// without CUDA refuses to make one). Every device collective is enqueued on the given stream and
+// returns without waiting; barrier() and the host reductions go through MPI on the same group.
 #pragma once
 
-#include <cuda_runtime.h>
 #include <mpi.h>
 
 #include <memory>
 
 #include "parallel/comm.h"
+#include "runtime/runtime.h"
 
 namespace mop {
 
 // Collective over `group` (every rank calls it): rank 0 creates the NCCL id, MPI_Bcast hands it to
 // the others, each rank joins on the *current* CUDA device (pick it first: one GPU per local rank).
 // `group` is not owned and must outlive the Comm; MPI_COMM_NULL means a group of one without MPI
-// (a plain process on one GPU). `stream` is the backend's compute stream (CudaOps::stream()), so
+// (a plain process on one GPU). `stream` is the backend's compute stream (Ops::stream()), so
 // collectives are ordered with the kernels around them without host syncs.
 //
 // Semantics are those of comm.h with device buffers, plus:
@@ -30,7 +30,6 @@ namespace mop {
 // device collective first waits for the work issued on `follow` so far, then runs on `stream`
 // alongside the compute that follows; join() makes `follow` wait for the collectives issued so
 // far. The caller keeps the buffers of a collective untouched until it has joined.
-std::unique_ptr<Comm> make_nccl_comm(MPI_Comm group, cudaStream_t stream,
-                                     cudaStream_t follow = nullptr);
+std::unique_ptr<Comm> make_nccl_comm(MPI_Comm group, Stream stream, Stream follow = Stream());
 
 }  // namespace mop

@@ -1,0 +1,93 @@
+// The activations of one micro-batch, planned before anything is allocated: every buffer the
+// model's forward and backward use (arena slots, in order, tagged with the component they serve),
+// the host mirrors, and the buffers the sequence-parallel attention and the expert dispatchers
+// allocate for themselves. The Transformer lays out its arena from this plan, slot for slot, so
+// the memory the plan reports is the memory the model uses (plan/memory.h sums it per class).
+//
+// Layer l reads activation set sets[l] (one per layer), or with recompute the single shared set
+// sets[0], refilled from the saved layer input xs[l] just before the layer's backward.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/model_spec.h"
+
+namespace mop {
+
+// What a buffer serves (the plan's per-component memory).
+enum class Component : uint8_t {
+  Checkpoints,  // the layer inputs x_0..x_L (kept for backward; the recompute checkpoints)
+  Attention,    // norms, q/k/v, attention output and lse, Ulysses/ring buffers
+  Router,       // router logits, probabilities, top-k, route plan
+  Experts,      // routed rows, expert intermediates, the dispatchers' buffers
+  DenseFfn,     // dense FFN layers and the shared expert
+  LmHead,       // final norm, per-token losses, the LM-head chunk
+  Gradients,    // the activation gradients shared by every layer in backward
+};
+constexpr int kNumComponents = 7;
+const char* component_name(Component c);
+
+struct ActivationOptions {
+  int max_batch = 1, max_seq = 1;  // max_seq: tokens per sequence on this rank (S / cp)
+  int cp = 1, ep = 1;              // sequence and expert shards
+  bool ring = false;               // cp > 1 through ring attention (else Ulysses)
+  bool recompute = false;
+  int64_t lm_head_chunk = 1024;
+  int moe_chunks = 1;  // ep > 1: the expert dispatchers' chunks
+  DType compute = DType::F32;
+};
+
+// Arena slots of one layer's activations; -1 where the layer has no such buffer.
+struct ActSlots {
+  int ln1 = -1, rstd1 = -1, q_raw = -1, k_raw = -1, q = -1, k = -1, v = -1, q_rstd = -1,
+      k_rstd = -1, attn = -1, lse = -1, x_mid = -1, ln2 = -1, rstd2 = -1;
+  int logits = -1, probs = -1, rlse = -1, topk_idx = -1, topk_w = -1, counts = -1, offsets = -1;
+  int perm_src = -1, slot_of = -1, aux_grad = -1, xp = -1, gu = -1, h = -1, yp = -1;
+  int offsets_host = -1;  // host mirror slot: offsets (grouped GEMMs size their groups on the host)
+  int q_full = -1, k_full = -1, v_full = -1, attn_full = -1;  // Ulysses: head-sharded, full sequences
+  int xp_local = -1, yp_local = -1;  // ep > 1: rows of this rank's experts from every rank
+  int shared_gu = -1, shared_h = -1;  // shared expert
+  int ffn_gu = -1, ffn_h = -1;        // dense FFN layers
+};
+
+// Arena slots of the buffers shared by all layers: gradients flowing backward, the final norm and
+// loss, and the scratch for recomputation.
+struct SharedSlots {
+  int dx = -1, dln = -1, dattn = -1, dq = -1, dk = -1, dv = -1, dq_raw = -1, dk_raw = -1;
+  int dlogits = -1, dlogits_c = -1, dtopk_w = -1;
+  int dyp = -1, dh = -1, dgu = -1, dxp = -1, dffn_h = -1, dffn_gu = -1;
+  int xf = -1, rstd_f = -1, dxf = -1, loss_tok = -1, lse_tok = -1, lm_ws = -1, losses = -1;
+  int loss_tmp = -1, scratch_out = -1, scratch_losses = -1;
+  int dattn_full = -1, dq_full = -1, dk_full = -1, dv_full = -1;  // Ulysses
+  int dyp_local = -1, dxp_local = -1, dispatch_scratch = -1, counts_global = -1;  // ep / cp > 1
+};
+
+struct BufferSpec {
+  Tensor shape;  // dtype and dims (no data)
+  Component component;
+};
+
+struct ActivationLayout {
+  std::vector<BufferSpec> device;  // the arena on the ops device, slot by slot
+  std::vector<BufferSpec> host;    // the host mirrors (pinned next to a GPU)
+  std::vector<int> xs;             // layer inputs x_0..x_L (x_L feeds the final norm)
+  std::vector<ActSlots> sets;
+  SharedSlots shared;
+  // Allocated by their owners next to the arena: the Ulysses exchange or ring attention (device),
+  // and the expert dispatchers (one per activation set; device index maps, host offsets).
+  size_t cp_attention_bytes = 0, dispatch_device_bytes = 0, dispatch_host_bytes = 0;
+
+  size_t arena_bytes() const;       // the device arena, with its slot alignment
+  size_t host_arena_bytes() const;  // the host mirrors' arena
+  // Everything above on the ops device (arena, attention and dispatch buffers), per component.
+  std::array<size_t, kNumComponents> device_by_component() const;
+  size_t device_bytes() const;
+  size_t host_bytes() const { return host_arena_bytes() + dispatch_host_bytes; }
+};
+
+ActivationLayout plan_activations(const ModelDims& dims, const ActivationOptions& options);
+
+}  // namespace mop

@@ -1,0 +1,378 @@
+// Machine descriptions (see machine.h): the built-in ones, and the YAML machine file. One table
+// of fields (path, unit, where the value lives) serves parsing, validation and writing, so the
+// file format is the table. Units are in the key names: *_gib (2^30 bytes), *_gbps (10^9
+// bytes/s), *_tflops (10^12 FLOP/s), *_gparams (10^9 parameters/s), *_us (microseconds).
+#include "plan/machine.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace mop {
+
+double RateTable::at(double size) const {
+  MOP_CHECK(!points.empty(), "rate table without points");
+  if (size <= points.front().first) return points.front().second;
+  if (size >= points.back().first) return points.back().second;
+  for (size_t i = 1; i < points.size(); ++i)
+    if (size <= points[i].first) {
+      const auto [x0, y0] = points[i - 1];
+      const auto [x1, y1] = points[i];
+      const double f = (std::log(size) - std::log(x0)) / (std::log(x1) - std::log(x0));
+      return y0 + f * (y1 - y0);
+    }
+  return points.back().second;
+}
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+enum class Kind { Number, Int, Text, Table, DeviceKind };
+
+struct Field {
+  const char* path;
+  Kind kind;
+  double unit;  // file value × unit = stored value (tables: the rates; sizes are plain)
+  std::function<void*(Machine&)> at;
+  const char* doc;
+};
+
+template <class T>
+std::function<void*(Machine&)> member(T Machine::*section, double T::*field) {
+  return [=](Machine& m) -> void* { return &(m.*section.*field); };
+}
+template <class T>
+std::function<void*(Machine&)> table(T Machine::*section, RateTable T::*field) {
+  return [=](Machine& m) -> void* { return &(m.*section.*field); };
+}
+
+const std::vector<Field>& fields() {
+  using D = DeviceSpec;
+  using H = HostSpec;
+  using L = LinkSpec;
+  auto dev = [](double D::*f) { return member(&Machine::device, f); };
+  auto dtab = [](RateTable D::*f) { return table(&Machine::device, f); };
+  auto host = [](double H::*f) { return member(&Machine::host, f); };
+  auto link = [](double L::*f) { return member(&Machine::link, f); };
+  static const std::vector<Field> f = {
+      {"name", Kind::Text, 1, [](Machine& m) -> void* { return &m.name; }, "what this describes"},
+      {"gpus_per_node", Kind::Int, 1, [](Machine& m) -> void* { return &m.gpus_per_node; }, "ranks per node"},
+      {"nodes", Kind::Int, 1, [](Machine& m) -> void* { return &m.nodes; }, "nodes"},
+      {"device.kind", Kind::DeviceKind, 1, [](Machine& m) -> void* { return &m.device.kind; }, "cuda or cpu"},
+      {"device.name", Kind::Text, 1, [](Machine& m) -> void* { return &m.device.name; }, ""},
+      {"device.memory_gib", Kind::Number, kGiB, dev(&D::memory_bytes), "usable by one rank"},
+      {"device.reserve_gib", Kind::Number, kGiB, dev(&D::reserve_bytes), "kept free"},
+      {"device.peak_tflops", Kind::Number, 1e12, dev(&D::peak_flops), "MFU denominator"},
+      {"device.gemm_fwd_tflops", Kind::Table, 1e12, dtab(&D::gemm_fwd), "by GEMM FLOPs"},
+      {"device.gemm_dgrad_tflops", Kind::Table, 1e12, dtab(&D::gemm_dgrad), "by GEMM FLOPs"},
+      {"device.gemm_wgrad_tflops", Kind::Table, 1e12, dtab(&D::gemm_wgrad), "by GEMM FLOPs"},
+      {"device.grouped_fwd_tflops", Kind::Table, 1e12, dtab(&D::grouped_fwd), "by rows per expert"},
+      {"device.grouped_dgrad_tflops", Kind::Table, 1e12, dtab(&D::grouped_dgrad), "by rows per expert"},
+      {"device.grouped_wgrad_tflops", Kind::Table, 1e12, dtab(&D::grouped_wgrad), "by rows per expert"},
+      {"device.grouped_shape", Kind::Text, 1, [](Machine& m) -> void* { return &m.device.grouped_shape; }, ""},
+      {"device.attention_fwd_tflops", Kind::Table, 1e12, dtab(&D::attention_fwd), "causal, by sequence"},
+      {"device.attention_bwd_tflops", Kind::Table, 1e12, dtab(&D::attention_bwd), "causal, by sequence"},
+      {"device.attention_block_fwd_tflops", Kind::Table, 1e12, dtab(&D::attention_block_fwd), "non-causal"},
+      {"device.attention_block_bwd_tflops", Kind::Table, 1e12, dtab(&D::attention_block_bwd), "non-causal"},
+      {"device.lm_head_fwd_tflops", Kind::Number, 1e12, dev(&D::lm_head_fwd_flops), ""},
+      {"device.lm_head_bwd_tflops", Kind::Number, 1e12, dev(&D::lm_head_bwd_flops), ""},
+      {"device.copy_gbps", Kind::Number, 1e9, dev(&D::copy_bw), ""},
+      {"device.norm_gbps", Kind::Number, 1e9, dev(&D::norm_bw), ""},
+      {"device.rope_gbps", Kind::Number, 1e9, dev(&D::rope_bw), ""},
+      {"device.swiglu_gbps", Kind::Number, 1e9, dev(&D::swiglu_bw), ""},
+      {"device.permute_gbps", Kind::Number, 1e9, dev(&D::permute_bw), ""},
+      {"device.router_gbps", Kind::Number, 1e9, dev(&D::router_bw), ""},
+      {"device.embedding_gbps", Kind::Number, 1e9, dev(&D::embedding_bw), ""},
+      {"device.adamw_gbps", Kind::Number, 1e9, dev(&D::adamw_bw), ""},
+      {"device.reduce_gbps", Kind::Number, 1e9, dev(&D::reduce_bw), ""},
+      {"device.launch_us", Kind::Number, 1e-6, dev(&D::launch_seconds), ""},
+      {"device.sync_us", Kind::Number, 1e-6, dev(&D::sync_seconds), ""},
+      {"device.workspace_gib", Kind::Number, kGiB, dev(&D::workspace_bytes), ""},
+      {"device.workspace_bytes_per_token", Kind::Number, 1, dev(&D::workspace_bytes_per_token), ""},
+      {"device.comm_buffer_gib", Kind::Number, kGiB, dev(&D::comm_buffer_bytes), ""},
+      {"host.memory_gib", Kind::Number, kGiB, host(&H::memory_bytes), "per node"},
+      {"host.cores", Kind::Int, 1, [](Machine& m) -> void* { return &m.host.cores; }, "per node"},
+      {"host.pinned_fraction", Kind::Number, 1, host(&H::pinned_fraction), ""},
+      {"host.adamw_one_pass_gparams", Kind::Number, 1e9, host(&H::adamw_one_pass), ""},
+      {"host.adamw_weights_pass_gparams", Kind::Number, 1e9, host(&H::adamw_weights_pass), ""},
+      {"host.adamw_state_pass_gparams", Kind::Number, 1e9, host(&H::adamw_state_pass), ""},
+      {"host.adamw_under_copies", Kind::Number, 1, host(&H::adamw_under_copies), ""},
+      {"host.dram_gbps", Kind::Number, 1e9, host(&H::dram_bw), ""},
+      {"link.h2d_gbps", Kind::Number, 1e9, link(&L::h2d), ""},
+      {"link.d2h_gbps", Kind::Number, 1e9, link(&L::d2h), ""},
+      {"link.both_gbps", Kind::Number, 1e9, link(&L::both), ""},
+      {"link.node_all_reduce_gbps", Kind::Number, 1e9, link(&L::node_all_reduce), ""},
+      {"link.node_all_to_all_gbps", Kind::Number, 1e9, link(&L::node_all_to_all), ""},
+      {"link.node_send_recv_gbps", Kind::Number, 1e9, link(&L::node_send_recv), ""},
+      {"link.node_latency_us", Kind::Number, 1e-6, link(&L::node_latency), ""},
+      {"link.net_all_reduce_gbps", Kind::Number, 1e9, link(&L::net_all_reduce), ""},
+      {"link.net_all_to_all_gbps", Kind::Number, 1e9, link(&L::net_all_to_all), ""},
+      {"link.net_send_recv_gbps", Kind::Number, 1e9, link(&L::net_send_recv), ""},
+      {"link.net_latency_us", Kind::Number, 1e-6, link(&L::net_latency), ""},
+      {"link.overlap_slowdown", Kind::Number, 1, link(&L::overlap_slowdown), ""},
+  };
+  return f;
+}
+
+RateTable tab(std::initializer_list<std::pair<double, double>> pts, double unit) {
+  RateTable t;
+  for (auto [x, y] : pts) t.points.push_back({x, y * unit});
+  return t;
+}
+
+// One node of 8 H200s (141 GB HBM3e each, NVLink 4, one NDR 400 Gb/s NIC per GPU) with a 16-core
+// host of 125 GiB, as measured on the H200 machine (README "The plan"; `mop calibrate` there
+// wrote these device, host and copy figures). The network and 8-GPU NVLink figures are not
+// measured here: NVLink from nccl-tests' published H100/H200 figures, the network at 90% of a
+// 400 Gb/s link.
+Machine h200() {
+  Machine m;
+  m.name = "h200";
+  m.gpus_per_node = 8;
+  m.nodes = 1;
+  DeviceSpec& d = m.device;
+  d.kind = Device::CUDA;
+  d.name = "NVIDIA H200";
+  d.memory_bytes = 139.3 * kGiB;
+  d.reserve_bytes = 2 * kGiB;
+  d.peak_flops = 989e12;
+  d.gemm_fwd = tab({{1e9, 180}, {1e10, 450}, {1e11, 680}, {1e12, 760}, {1e13, 790}}, 1e12);
+  d.gemm_dgrad = d.gemm_fwd;
+  d.gemm_wgrad = tab({{1e9, 150}, {1e10, 400}, {1e11, 640}, {1e12, 740}, {1e13, 780}}, 1e12);
+  d.grouped_fwd = tab({{64, 110}, {128, 190}, {256, 300}, {512, 420}, {1024, 500}, {4096, 600}}, 1e12);
+  d.grouped_dgrad = tab({{64, 110}, {128, 190}, {256, 307}, {512, 420}, {1024, 500}, {4096, 600}}, 1e12);
+  d.grouped_wgrad = tab({{64, 40}, {128, 70}, {256, 130}, {512, 250}, {1024, 380}, {4096, 550}}, 1e12);
+  d.grouped_shape = "E=32 K=2048 N=1536";
+  d.attention_fwd = tab({{1024, 380}, {4096, 546}, {16384, 620}, {65536, 640}}, 1e12);
+  d.attention_bwd = tab({{1024, 300}, {4096, 434}, {16384, 480}, {65536, 500}}, 1e12);
+  d.attention_block_fwd = tab({{1024, 450}, {4096, 600}, {16384, 640}}, 1e12);
+  d.attention_block_bwd = tab({{1024, 350}, {4096, 470}, {16384, 500}}, 1e12);
+  d.lm_head_fwd_flops = 700e12;
+  d.lm_head_bwd_flops = 720e12;
+  d.copy_bw = d.norm_bw = d.rope_bw = d.swiglu_bw = 3.2e12;
+  d.permute_bw = d.router_bw = 2.5e12;
+  d.embedding_bw = 1.5e12;
+  d.adamw_bw = 4.0e12;
+  d.reduce_bw = 3.0e12;
+  d.launch_seconds = 4e-6;
+  d.sync_seconds = 25e-6;
+  d.workspace_bytes = 0.8 * kGiB;
+  d.workspace_bytes_per_token = 4096;
+  d.comm_buffer_bytes = 0.1 * kGiB;
+  m.host = {125 * kGiB, 16, 0.9, 5.2e9, 7.8e9, 5.7e9, 0.6, 150e9};
+  LinkSpec& l = m.link;
+  l.h2d = 55e9, l.d2h = 55e9, l.both = 100e9;
+  l.node_all_reduce = 450e9, l.node_all_to_all = 300e9, l.node_send_recv = 350e9;
+  l.node_latency = 20e-6;
+  l.net_all_reduce = 45e9, l.net_all_to_all = 40e9, l.net_send_recv = 45e9, l.net_latency = 30e-6;
+  l.overlap_slowdown = 1.19;
+  return m;
+}
+
+// The CPU backend (fp32, OpenMP) on this project's 2-core development VM, as `mop calibrate`
+// measured it there.
+Machine cpu() {
+  Machine m;
+  m.name = "cpu";
+  m.gpus_per_node = 1;
+  m.nodes = 1;
+  DeviceSpec& d = m.device;
+  d.kind = Device::CPU;
+  d.name = "CPU backend";
+  d.memory_bytes = 22 * kGiB;
+  d.reserve_bytes = 1 * kGiB;
+  d.peak_flops = 100e9;
+  d.gemm_fwd = tab({{1e6, 5}, {1e8, 20}, {1e10, 30}}, 1e9);
+  d.gemm_dgrad = d.gemm_fwd;
+  d.gemm_wgrad = d.gemm_fwd;
+  d.grouped_fwd = tab({{16, 10}, {256, 25}}, 1e9);
+  d.grouped_dgrad = d.grouped_fwd;
+  d.grouped_wgrad = d.grouped_fwd;
+  d.grouped_shape = "E=8 K=128 N=512";
+  d.attention_fwd = tab({{64, 3}, {1024, 5}}, 1e9);
+  d.attention_bwd = d.attention_fwd;
+  d.attention_block_fwd = d.attention_fwd;
+  d.attention_block_bwd = d.attention_fwd;
+  d.lm_head_fwd_flops = d.lm_head_bwd_flops = 10e9;
+  d.copy_bw = d.norm_bw = d.rope_bw = d.swiglu_bw = d.permute_bw = d.router_bw = 5e9;
+  d.embedding_bw = d.adamw_bw = d.reduce_bw = 5e9;
+  d.launch_seconds = 1e-6;
+  d.sync_seconds = 0;
+  m.host = {23 * kGiB, 2, 0.9, 0.3e9, 0.4e9, 0.3e9, 1, 10e9};
+  LinkSpec& l = m.link;
+  l.h2d = l.d2h = l.both = 10e9;
+  l.node_all_reduce = l.node_all_to_all = l.node_send_recv = 2e9;
+  l.node_latency = 20e-6;
+  l.net_all_reduce = l.net_all_to_all = l.net_send_recv = 1e9;
+  l.net_latency = 50e-6;
+  l.overlap_slowdown = 1;
+  return m;
+}
+
+std::string fmt_number(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+void check_machine(const Machine& m, const std::string& origin) {
+  auto need = [&](bool ok, const char* what) {
+    MOP_USER_CHECK(ok, origin, ": ", what);
+  };
+  need(m.gpus_per_node >= 1 && m.nodes >= 1, "gpus_per_node and nodes must be at least 1");
+  need(m.device.memory_bytes > 0, "device.memory_gib must be positive");
+  need(m.host.memory_bytes > 0 && m.host.cores >= 1, "host.memory_gib and host.cores must be positive");
+  need(m.host.pinned_fraction > 0 && m.host.pinned_fraction <= 1, "host.pinned_fraction must be in (0, 1]");
+  need(m.link.overlap_slowdown >= 1, "link.overlap_slowdown must be at least 1");
+}
+
+}  // namespace
+
+Machine builtin_machine(const std::string& name) {
+  if (name == "h200") return h200();
+  if (name == "cpu") return cpu();
+  throw_user_error("machine '", name, "' is not built in (h200 or cpu); give a machine file");
+}
+
+Machine parse_machine(const std::string& text, const std::string& origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& ex) {
+    throw_user_error(origin, ":", ex.mark.line + 1, ": malformed YAML: ", ex.msg);
+  }
+  MOP_USER_CHECK(root.IsMap(), origin, ": a machine file is a mapping (name:, device:, host:, link:)");
+  std::string base = "h200";
+  if (root["base"]) {
+    MOP_USER_CHECK(root["base"].IsScalar(), origin, ": base: expected h200 or cpu");
+    base = root["base"].Scalar();
+  }
+  Machine m = builtin_machine(base);
+  std::set<std::string> seen;
+  auto located = [&](const YAML::Node& n, const std::string& path) {
+    return origin + (n.Mark().line >= 0 ? ":" + std::to_string(n.Mark().line + 1) : "") + ": " + path;
+  };
+  std::function<void(const YAML::Node&, const std::string&)> walk = [&](const YAML::Node& map,
+                                                                        const std::string& prefix) {
+    for (const auto& kv : map) {
+      const std::string key = kv.first.Scalar();
+      const std::string path = prefix.empty() ? key : prefix + "." + key;
+      if (path == "base") continue;
+      const Field* f = nullptr;
+      for (const Field& c : fields())
+        if (c.path == path) f = &c;
+      if (!f) {
+        const bool section = path == "device" || path == "host" || path == "link";
+        MOP_USER_CHECK(section && kv.second.IsMap(), located(kv.first, path), ": unknown key");
+        walk(kv.second, path);
+        continue;
+      }
+      const std::string where = located(kv.second, path);
+      void* p = f->at(m);
+      auto number = [&](const YAML::Node& n) {
+        MOP_USER_CHECK(n.IsScalar(), where, ": expected a number");
+        char* end = nullptr;
+        const double v = std::strtod(n.Scalar().c_str(), &end);
+        MOP_USER_CHECK(end && *end == 0 && !n.Scalar().empty() && std::isfinite(v) && v >= 0, where,
+                       ": expected a non-negative number, got '", n.Scalar(), "'");
+        return v;
+      };
+      switch (f->kind) {
+        case Kind::Number: *static_cast<double*>(p) = number(kv.second) * f->unit; break;
+        case Kind::Int: {
+          const double v = number(kv.second);
+          MOP_USER_CHECK(v == std::floor(v) && v >= 1 && v <= 1 << 20, where, ": expected a positive integer");
+          *static_cast<int*>(p) = int(v);
+          break;
+        }
+        case Kind::Text:
+          MOP_USER_CHECK(kv.second.IsScalar(), where, ": expected a string");
+          *static_cast<std::string*>(p) = kv.second.Scalar();
+          break;
+        case Kind::DeviceKind: {
+          MOP_USER_CHECK(kv.second.IsScalar() && (kv.second.Scalar() == "cuda" || kv.second.Scalar() == "cpu"),
+                         where, ": expected cuda or cpu");
+          *static_cast<Device*>(p) = kv.second.Scalar() == "cuda" ? Device::CUDA : Device::CPU;
+          break;
+        }
+        case Kind::Table: {
+          MOP_USER_CHECK(kv.second.IsSequence() && kv.second.size() > 0, where,
+                         ": expected a list of [size, rate] pairs");
+          RateTable t;
+          for (const auto& pt : kv.second) {
+            MOP_USER_CHECK(pt.IsSequence() && pt.size() == 2, where, ": expected [size, rate] pairs");
+            const double x = number(pt[0]), y = number(pt[1]);
+            MOP_USER_CHECK(x > 0 && y > 0, where, ": sizes and rates must be positive");
+            MOP_USER_CHECK(t.points.empty() || x > t.points.back().first, where,
+                           ": sizes must increase");
+            t.points.push_back({x, y * f->unit});
+          }
+          *static_cast<RateTable*>(p) = std::move(t);
+          break;
+        }
+      }
+    }
+  };
+  walk(root, "");
+  check_machine(m, origin);
+  return m;
+}
+
+Machine load_machine(const std::string& path) {
+  std::error_code ec;
+  MOP_USER_CHECK(std::filesystem::is_regular_file(path, ec), "machine file ", path, " not found");
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  MOP_USER_CHECK(in.good() || in.eof(), "machine file ", path, " cannot be read");
+  return parse_machine(ss.str(), path);
+}
+
+std::string machine_yaml(const Machine& m0) {
+  Machine m = m0;
+  std::ostringstream os;
+  os << "# mop machine description (mop calibrate, or by hand; see README \"The plan\").\n";
+  os << "base: " << (m.device.kind == Device::CPU ? "cpu" : "h200") << "\n";
+  std::string section;
+  for (const Field& f : fields()) {
+    std::string path = f.path, key = path;
+    const size_t dot = path.find('.');
+    std::string sec = dot == std::string::npos ? "" : path.substr(0, dot);
+    if (dot != std::string::npos) key = path.substr(dot + 1);
+    if (sec != section) {
+      if (!sec.empty()) os << sec << ":\n";
+      section = sec;
+    }
+    os << (sec.empty() ? "" : "  ") << key << ": ";
+    void* p = f.at(m);
+    switch (f.kind) {
+      case Kind::Number: os << fmt_number(*static_cast<double*>(p) / f.unit); break;
+      case Kind::Int: os << *static_cast<int*>(p); break;
+      case Kind::Text: os << '"' << *static_cast<std::string*>(p) << '"'; break;
+      case Kind::DeviceKind: os << (*static_cast<Device*>(p) == Device::CUDA ? "cuda" : "cpu"); break;
+      case Kind::Table: {
+        os << "[";
+        const RateTable& t = *static_cast<RateTable*>(p);
+        for (size_t i = 0; i < t.points.size(); ++i)
+          os << (i ? ", " : "") << "[" << fmt_number(t.points[i].first) << ", "
+             << fmt_number(t.points[i].second / f.unit) << "]";
+        os << "]";
+        break;
+      }
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace mop

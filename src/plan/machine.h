@@ -1,0 +1,93 @@
+// The machine a plan is made for: its compute device (rates of the ops the step runs, memory),
+// its host (memory, cores, the CPU AdamW's rates), and its links (pinned copies, collectives in a
+// node and across nodes). Every rate is data: built-in descriptions of an H200 node and of the
+// CPU backend, `mop calibrate` measures the machine it runs on, and a YAML machine file
+// (`--machine FILE`, written by calibrate or by hand) describes hardware that is not here.
+//
+// Rates that depend on a size are tables of (size, rate) points, interpolated linearly in
+// log(size) and held constant past the ends.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mop {
+
+struct RateTable {
+  std::vector<std::pair<double, double>> points;  // (size, rate), sizes increasing
+  double at(double size) const;
+  bool empty() const { return points.empty(); }
+};
+
+struct DeviceSpec {
+  Device kind = Device::CUDA;
+  std::string name;
+  double memory_bytes = 0;   // usable by one rank (after the runtime's own context)
+  double reserve_bytes = 0;  // kept free: allocator slack, plans built lazily
+  double peak_flops = 0;     // the MFU denominator (dense bf16 Tensor Core peak)
+  // Dense GEMM (FLOP/s) by the GEMM's FLOPs (2·M·N·K): forward (y = x·Wᵀ), data gradient
+  // (dx = dy·W), weight gradient (dW += dyᵀ·x, fp32 accumulation).
+  RateTable gemm_fwd, gemm_dgrad, gemm_wgrad;
+  // Grouped expert GEMM (FLOP/s) by rows per expert, measured at grouped_shape's K → N.
+  RateTable grouped_fwd, grouped_dgrad, grouped_wgrad;
+  std::string grouped_shape;  // e.g. "E=32 K=2048 N=1536": what the tables were measured on
+  // Attention (FLOP/s, heads × 128) by sequence length: causal forward / backward, and the
+  // non-causal blocks of ring attention.
+  RateTable attention_fwd, attention_bwd, attention_block_fwd, attention_block_bwd;
+  double lm_head_fwd_flops = 0, lm_head_bwd_flops = 0;  // the fused LM head + loss (FLOP/s)
+  // Memory-bound ops: effective bytes/s (read + written) of each family.
+  double copy_bw = 0, norm_bw = 0, rope_bw = 0, swiglu_bw = 0, permute_bw = 0, router_bw = 0,
+         embedding_bw = 0, adamw_bw = 0, reduce_bw = 0;
+  double launch_seconds = 0;  // per op launched
+  double sync_seconds = 0;    // a host round trip (small device → host copies)
+  // Backend workspaces: base + per token of a micro-batch (besides the LM head's chunk buffer,
+  // chunk × vocab bf16, which the plan adds itself).
+  double workspace_bytes = 0, workspace_bytes_per_token = 0;
+  double comm_buffer_bytes = 0;  // per asynchronous device communicator (NCCL)
+};
+
+struct HostSpec {
+  double memory_bytes = 0;  // per node
+  int cores = 1;            // per node
+  double pinned_fraction = 0.9;  // of memory_bytes that pinned allocations may take
+  // The host AdamW (parameters/s with every core of the rank): one pass, and the two passes of an
+  // overlapped update (weights first, then the state).
+  double adamw_one_pass = 0, adamw_weights_pass = 0, adamw_state_pass = 0;
+  double adamw_under_copies = 1;  // factor on those rates while pinned copies run both ways
+  double dram_bw = 0;             // host memory bytes/s
+};
+
+struct LinkSpec {
+  double h2d = 0, d2h = 0, both = 0;  // pinned host ↔ device bytes/s, each way and both at once
+  // Collectives, bus bandwidth as nccl-tests defines it (bytes/s), and per-call latency, inside a
+  // node and across nodes.
+  double node_all_reduce = 0, node_all_to_all = 0, node_send_recv = 0, node_latency = 0;
+  double net_all_reduce = 0, net_all_to_all = 0, net_send_recv = 0, net_latency = 0;
+  // Compute kernels run slower by this factor while collectives share the device with them.
+  double overlap_slowdown = 1;
+};
+
+struct Machine {
+  std::string name;
+  int gpus_per_node = 1;  // ranks per node (device kind cpu: processes per node)
+  int nodes = 1;
+  DeviceSpec device;
+  HostSpec host;
+  LinkSpec link;
+
+  int ranks() const { return gpus_per_node * nodes; }
+};
+
+// Built-in descriptions: "h200" (one node of 8 H200s, from measurements on the H200 machine) and
+// "cpu" (the CPU backend on a small development VM). Other names are a UserError.
+Machine builtin_machine(const std::string& name);
+// A machine file: YAML as machine_yaml() writes it. Missing keys keep the built-in values of the
+// file's `base` (default h200); unknown keys and bad values are a UserError naming them.
+Machine load_machine(const std::string& path);
+Machine parse_machine(const std::string& yaml_text, const std::string& origin);
+std::string machine_yaml(const Machine& m);
+
+}  // namespace mop

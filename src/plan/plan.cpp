@@ -1,0 +1,312 @@
+// make_plan (see plan.h): placement, foldings, ZeRO owners, optimizer-state placement, memory per
+// rank and class, the fit check, and the time model.
+#include "plan/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "model/params.h"
+
+namespace mop {
+
+std::string RunPlacement::describe() const {
+  return std::string(device_name(device)) + ", " + std::string(dtype_name(compute)) +
+         " compute, " + std::string(dtype_name(grad)) + " gradients";
+}
+
+RunPlacement resolve_placement(const Config& cfg, Device available) {
+  RunPlacement p;
+  const auto& t = cfg.train;
+  const bool cuda = t.device == "cuda" || (t.device == "auto" && available == Device::CUDA);
+  if (cuda) {
+    // The CUDA kernels compute in bf16 with fp32 accumulation, statistics and gradients.
+    MOP_USER_CHECK(t.precision == "auto" || t.precision == "bf16", "train.precision: ", t.precision,
+                   " is not available on the GPU (bf16 only); use auto or bf16, or train.device: cpu");
+    p.device = Device::CUDA;
+    p.compute = DType::BF16;
+    p.grad = DType::F32;
+    return p;
+  }
+  MOP_USER_CHECK(t.precision != "bf16", "train.precision: bf16 needs train.device: cuda; the CPU "
+                 "backend runs fp32 or fp64");
+  p.device = Device::CPU;
+  p.compute = t.precision == "fp64" ? DType::F64 : DType::F32;
+  p.grad = p.compute;
+  return p;
+}
+
+bool use_ring_attention(const std::string& impl, int64_t num_heads, int64_t num_kv_heads, int cp) {
+  if (cp <= 1 || impl == "ring") return cp > 1;
+  const bool divisible = num_heads % cp == 0 && num_kv_heads % cp == 0;
+  MOP_USER_CHECK(impl == "auto" || divisible, "parallel.attention.impl: ulysses needs model.num_heads (",
+                 num_heads, ") and model.num_kv_heads (", num_kv_heads,
+                 ") to divide by parallel.attention.cp (", cp, "); use ring or auto");
+  return !divisible;
+}
+
+size_t MemoryPlan::device_total() const {
+  return weights + grads + optimizer_state + host_grad_staging + activations + workspaces + batch + comms;
+}
+
+size_t MemoryPlan::host_total() const { return host_optimizer_state + host_staging + host_activations; }
+
+double model_flops_per_token(const Config& cfg) {
+  const ModelLayout layout = ModelLayout::build(ModelDims::from(cfg));
+  const ModelDims& d = layout.dims;
+  return 6.0 * double(layout.num_active_params()) +
+         6.0 * double(cfg.data.seq_len) * double(d.heads * d.head_dim) * double(d.layers);
+}
+
+int64_t Plan::tokens_per_step() const { return cfg.train.global_batch_size * cfg.data.seq_len; }
+
+double Plan::model_flops_per_step() const {
+  return model_flops_per_token(cfg) * double(tokens_per_step());
+}
+
+namespace {
+
+// ZeRO-1 owners: largest parameter first onto the least-loaded rank of the group that replicates
+// it (dense: every rank; experts: the edp group), the same order and result on every rank.
+std::vector<int> assign_owners(const ModelLayout& layout, int world, int edp) {
+  const int n = int(layout.params.size());
+  std::vector<int> order(n), owner(size_t(n), 0);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return layout.params[a].numel() > layout.params[b].numel(); });
+  std::vector<int64_t> dense_load(size_t(world), 0), expert_load(size_t(edp), 0);
+  for (int p : order) {
+    auto& load = layout.params[p].kind == ParamKind::Experts ? expert_load : dense_load;
+    const int best = int(std::min_element(load.begin(), load.end()) - load.begin());
+    load[size_t(best)] += layout.params[p].numel();
+    owner[size_t(p)] = best;
+  }
+  return owner;
+}
+
+// Bytes of the ops device's memory a micro-batch's workspaces take (device kinds only).
+size_t workspace_bytes(const Plan& p) {
+  if (p.run.device == Device::CPU) return 0;
+  const double tokens = double(p.cfg.train.micro_batch_size) * p.local_seq;
+  const double chunk = double(std::min<int64_t>(p.cfg.train.lm_head_chunk, int64_t(tokens)));
+  return size_t(p.machine.device.workspace_bytes + p.machine.device.workspace_bytes_per_token * tokens +
+                chunk * double(p.dims.vocab) * 2.0);  // the LM head chunk's bf16 dlogits
+}
+
+// The device communicators one rank holds: world, cp, ep, edp, and the asynchronous ones.
+int device_comms(const Plan& p) {
+  if (p.world == 1 || p.run.device == Device::CPU) return 0;
+  int n = 4;
+  if (p.cfg.parallel.overlap_grad_reduce) n += 2;
+  if (p.ring) n += 1;
+  if (p.ep > 1) n += 2;
+  return n;
+}
+
+// Optimizer-state placement per segment. auto: everything on the host costs 2 bytes per
+// parameter on the device (bf16 gradient staging); moving a segment's state to the device costs
+// 10 more. Segments move in the order the next forward needs them (embedding, layer 0, …), whose
+// host updates would be exposed first, while the device has room (less its reserve).
+std::vector<bool> place_state(Plan& p, const ModelLayout& local, size_t device_used) {
+  const int segments = num_segments(p.dims);
+  const std::string& mode = p.cfg.optim.state_placement;
+  if (p.run.device == Device::CPU) {
+    if (mode != "host") return std::vector<bool>(size_t(segments), false);
+    MOP_USER_CHECK(p.run.compute == DType::F32, "optim.state_placement: host on the CPU needs "
+                   "train.precision fp32 (the host engine reads fp32 or bf16 gradients)");
+    return std::vector<bool>(size_t(segments), true);
+  }
+  if (mode == "gpu") return std::vector<bool>(size_t(segments), false);
+  if (mode == "host") return std::vector<bool>(size_t(segments), true);
+  std::vector<double> elems(size_t(segments), 0);
+  for (int q = 0; q < int(local.params.size()); ++q)
+    elems[size_t(param_segment(local, q))] += double(aligned_numel(local.params[q].numel()));
+  const double free = p.machine.device.memory_bytes - p.machine.device.reserve_bytes - double(device_used);
+  double need = 0;
+  for (double e : elems) need += 2.0 * e;
+  std::vector<bool> on_host(size_t(segments), true);
+  for (int s = 0; s < segments && need + 10.0 * elems[size_t(s)] <= free; ++s) {
+    on_host[size_t(s)] = false;
+    need += 10.0 * elems[size_t(s)];
+  }
+  return on_host;
+}
+
+}  // namespace
+
+bool Plan::owns(int rank, int p) const {
+  if (owner.empty()) return true;
+  return owner[size_t(p)] == (expert_param[size_t(p)] ? rank / ep : rank);
+}
+
+MemoryPlan Plan::memory_of_rank(int rank) const {
+  const ModelLayout local = ModelLayout::build(ModelDims::from(cfg, rank % ep, ep));
+  const bool gpu = run.device != Device::CPU;
+  MemoryPlan m;
+  int64_t elems = 0, native = 0, host = 0, staged = 0, staged_cpu = 0;
+  for (size_t q = 0; q < local.params.size(); ++q) {
+    const int64_t n = local.params[q].numel(), a = aligned_numel(n);
+    elems += a;
+    const bool on_host = !state_on_host.empty() && state_on_host[q];
+    if (!owns(rank, int(q))) continue;
+    (on_host ? host : native) += a;
+    if (on_host) staged += (n + 63) / 64 * 64, staged_cpu += n;
+  }
+  m.weights = size_t(elems) * dtype_size(run.compute);
+  m.grads = size_t(elems) * dtype_size(run.grad);
+  m.optimizer_state = size_t(native) * 3 * sizeof(float) + local.params.size() * dtype_size(acc_dtype(run.grad));
+  m.host_optimizer_state = size_t(host) * 3 * sizeof(float);
+  if (gpu) {
+    m.host_grad_staging = size_t(staged) * 2;  // bf16 on the device; bf16 gradients and weights pinned
+    m.host_staging = size_t(staged) * 4;
+  } else {
+    m.host_staging = size_t(staged_cpu) * sizeof(float);  // the gradients copied aside
+  }
+  m.activations = activations.device_bytes();
+  m.activations_by_component = activations.device_by_component();
+  m.host_activations = activations.host_bytes();
+  m.workspaces = workspace_bytes(*this);
+  const size_t tokens = size_t(cfg.train.micro_batch_size) * size_t(local_seq);
+  m.batch = gpu ? 3 * tokens * sizeof(int32_t) : 0;
+  m.comms = size_t(device_comms(*this)) * size_t(machine.device.comm_buffer_bytes);
+  return m;
+}
+
+std::string plan_overflow(const Plan& p, std::string* what) {
+  const MemoryPlan& m = p.memory;
+  const Machine& mc = p.machine;
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  auto fmt = [&](double b) { return format_bytes(b); };
+  const bool gpu = p.run.device != Device::CPU;
+  const int per_node = std::min(mc.gpus_per_node, p.world);
+  if (gpu && double(m.device_total()) > mc.device.memory_bytes) {
+    // Name the class that dominates and what shrinks it.
+    struct Part {
+      const char* what;
+      size_t bytes;
+      const char* fix;
+    };
+    std::string act_fix = "lower data.seq_len or train.micro_batch_size, raise parallel.attention.cp";
+    if (!p.cfg.train.recompute) act_fix += ", or set train.recompute: true";
+    const Part parts[] = {
+        {"activations", m.activations, act_fix.c_str()},
+        {"weights and gradients", m.weights + m.grads, "raise parallel.moe.ep to shard the experts"},
+        {"optimizer state", m.optimizer_state,
+         "set optim.state_placement: auto or host, parallel.zero: true, or raise parallel.moe.ep"},
+        {"backend workspaces", m.workspaces, "lower train.lm_head_chunk"},
+    };
+    const Part* big = &parts[0];
+    for (const Part& q : parts)
+      if (q.bytes > big->bytes) big = &q;
+    const double tokens = double(p.cfg.train.micro_batch_size) * p.local_seq;
+    if (what) *what = std::string(device_name(p.run.device)) + " memory: " + big->what;
+    return std::string("the plan needs ") + fmt(double(m.device_total())) + " of " +
+           device_name(p.run.device).data() + " memory per rank, but " + mc.name + " has " +
+           fmt(mc.device.memory_bytes) + ": " + big->what + " " + fmt(double(big->bytes)) +
+           (big == &parts[0] ? " (one micro-batch of " + std::to_string(p.cfg.train.micro_batch_size) +
+                                   " × " + std::to_string(p.local_seq) + " tokens per rank, " +
+                                   std::to_string(int64_t(tokens)) + " tokens)"
+                             : std::string()) +
+           ", weights and gradients " + fmt(double(m.weights + m.grads)) + ", optimizer state " +
+           fmt(double(m.optimizer_state + m.host_grad_staging)) + ", workspaces " +
+           fmt(double(m.workspaces)) + ". To fit, " + big->fix;
+  }
+  const double host_need = gpu ? double(m.host_total()) * per_node
+                               : double(m.device_total() + m.host_total()) * per_node;
+  const double host_have = gpu ? mc.host.memory_bytes * mc.host.pinned_fraction : mc.host.memory_bytes;
+  if (host_need > host_have) {
+    (void)gib;
+    if (what) *what = "host memory";
+    return std::string("the plan needs ") + fmt(host_need) + " of host memory per node (" +
+           std::to_string(per_node) + " rank(s) × " + fmt(host_need / per_node) +
+           (gpu ? ": optimizer state " + fmt(double(m.host_optimizer_state)) + ", staging " +
+                      fmt(double(m.host_staging))
+                : std::string()) +
+           "), but " + mc.name + " has " + fmt(host_have) + (gpu ? " to pin" : "") +
+           ". To fit, raise parallel.moe.ep or use more nodes, set parallel.zero: true" +
+           (gpu ? ", or keep more state on the GPU (optim.state_placement: auto or gpu)" : "");
+  }
+  return "";
+}
+
+Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_fit) {
+  validate_parallel(cfg, world);
+  Plan p;
+  p.cfg = cfg;
+  p.machine = machine;
+  p.world = world;
+  p.run = resolve_placement(cfg, machine.device.kind);
+  MOP_USER_CHECK(p.run.device == machine.device.kind || machine.device.kind == Device::CUDA,
+                 "train.device: cuda, but machine ", machine.name, " has no GPU");
+  p.dims = ModelDims::from(cfg);
+  const auto& par = cfg.parallel;
+  p.cp = int(par.attention.cp), p.dp = int(par.attention.dp);
+  p.ep = int(par.moe.ep), p.edp = int(par.moe.dp);
+  p.ring = use_ring_attention(par.attention.impl, cfg.model.num_heads, cfg.model.num_kv_heads, p.cp);
+  p.moe_chunks = int(par.moe.chunks);
+  if (p.cp > 1)
+    MOP_USER_CHECK(cfg.data.seq_len % (2 * p.cp) == 0, "data.seq_len: ", cfg.data.seq_len,
+                   " must divide into 2 × parallel.attention.cp (", 2 * p.cp,
+                   ") chunks (each cp rank holds an early and a late chunk)");
+  p.local_seq = int(cfg.data.seq_len / p.cp);
+  p.micro_batches = int(cfg.train.global_batch_size / (cfg.train.micro_batch_size * p.dp));
+  p.notes.push_back("step on " + p.run.describe());
+  p.notes.push_back("attention: cp " + std::to_string(p.cp) + " × dp " + std::to_string(p.dp) +
+                    (p.cp > 1 ? (p.ring ? ", ring attention" : ", Ulysses") : std::string()) +
+                    "; experts: ep " + std::to_string(p.ep) + " × dp " + std::to_string(p.edp) +
+                    (p.ep > 1 ? ", exchange in " + std::to_string(p.moe_chunks) + " chunk(s)" : std::string()));
+
+  const ModelDims local_dims = ModelDims::from(cfg, 0, p.ep);
+  const ModelLayout local = ModelLayout::build(local_dims);
+  ActivationOptions ao;
+  ao.max_batch = int(cfg.train.micro_batch_size);
+  ao.max_seq = p.local_seq;
+  ao.cp = p.cp, ao.ep = p.ep, ao.ring = p.ring;
+  ao.recompute = cfg.train.recompute;
+  ao.lm_head_chunk = cfg.train.lm_head_chunk;
+  ao.moe_chunks = p.moe_chunks;
+  ao.compute = p.run.compute;
+  p.activations = plan_activations(local_dims, ao);
+
+  for (const ParamDef& d : local.params) p.expert_param.push_back(d.kind == ParamKind::Experts);
+  if (par.zero && world > 1) p.owner = assign_owners(local, world, p.edp);
+
+  // State placement needs what the device holds besides the state: plan that first.
+  MemoryPlan base = p.memory_of_rank(0);
+  const size_t used = base.weights + base.grads + base.activations + base.workspaces + base.batch + base.comms;
+  p.segment_on_host = place_state(p, local, used);
+  const bool any_host = std::find(p.segment_on_host.begin(), p.segment_on_host.end(), true) !=
+                        p.segment_on_host.end();
+  if (any_host) {
+    p.state_on_host.assign(local.params.size(), false);
+    for (size_t q = 0; q < local.params.size(); ++q)
+      p.state_on_host[q] = p.segment_on_host[size_t(param_segment(local, int(q)))];
+    const ModelLayout whole = ModelLayout::build(p.dims);
+    for (size_t q = 0; q < whole.params.size(); ++q)
+      if (p.segment_on_host[size_t(param_segment(whole, int(q)))]) p.host_params += whole.params[q].numel();
+  }
+  if (p.run.device != Device::CPU || any_host) {
+    int host_segments = 0;
+    for (bool h : p.segment_on_host) host_segments += h;
+    p.notes.push_back("optimizer state (" + cfg.optim.state_placement + "): " +
+                      std::to_string(host_segments) + " of " + std::to_string(p.segment_on_host.size()) +
+                      " segments in host memory (" + std::to_string(p.host_params) + " parameters)");
+  }
+
+  // The rank that needs the most device memory (ZeRO owners differ).
+  p.memory = p.memory_of_rank(0);
+  for (int r = 1; r < world && !p.owner.empty(); ++r) {
+    MemoryPlan m = p.memory_of_rank(r);
+    if (m.device_total() > p.memory.device_total()) p.memory = m, p.memory_rank = r;
+  }
+  if (check_fit) {
+    const std::string overflow = plan_overflow(p);
+    MOP_USER_CHECK(overflow.empty(), overflow);
+  }
+  p.time = predict_step_time(p);
+  return p;
+}
+
+}  // namespace mop

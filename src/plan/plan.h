@@ -1,0 +1,105 @@
+// The plan: a pure function from (config, machine, world size) to where and how every component
+// of the step runs — the foldings (attention cp × dp with Ulysses or ring, experts ep × dp with
+// the exchange's chunks), the backend and dtypes, recompute and micro-batching, which parameter
+// groups keep their optimizer state on the device or in pinned host memory, the ZeRO owners —
+// and what that costs: memory per rank (device and host, per tensor class, one estimator that
+// `mop plan`, `mop validate` and the trainer share) and time per step (plan/time_model.h).
+// The trainer builds from the plan and checks that what it allocates is what the plan says.
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "model/model_spec.h"
+#include "plan/activations.h"
+#include "plan/machine.h"
+#include "plan/time_model.h"
+
+namespace mop {
+
+// How the step runs: backend device and dtypes.
+struct RunPlacement {
+  Device device = Device::CPU;
+  DType compute = DType::F32;
+  DType grad = DType::F32;
+  std::string describe() const;
+};
+// train.device / train.precision for a machine whose device is `available` (auto picks it).
+RunPlacement resolve_placement(const Config& cfg, Device available);
+
+// parallel.attention.impl resolved for cp ranks: true for ring attention, false for Ulysses
+// ("auto": Ulysses when both head counts divide by cp; "ulysses" when they do not is a UserError).
+bool use_ring_attention(const std::string& impl, int64_t num_heads, int64_t num_kv_heads, int cp);
+
+// Memory of one rank by tensor class (bytes).
+struct MemoryPlan {
+  // On the ops device (the GPU; on CPU runs host memory like the rest).
+  size_t weights = 0, grads = 0;
+  size_t optimizer_state = 0;    // fp32 master, m, v kept with the backend, and the norm slots
+  size_t host_grad_staging = 0;  // device side of the host-updated parameters' gradient copies
+  size_t activations = 0;        // ActivationLayout::device_bytes()
+  std::array<size_t, kNumComponents> activations_by_component{};
+  size_t workspaces = 0;  // the backend's (GEMM, attention, MoE and pointwise workspaces)
+  size_t batch = 0;       // one micro-batch's ids, targets and positions
+  size_t comms = 0;       // buffers of the asynchronous device communicators (estimate)
+  // In host memory (pinned next to a GPU).
+  size_t host_optimizer_state = 0;  // master, m, v of the host-updated parameters
+  size_t host_staging = 0;          // the host pipeline's gradient and weight staging
+  size_t host_activations = 0;      // host mirrors and the dispatchers' host buffers
+
+  size_t device_total() const;
+  size_t host_total() const;
+};
+
+struct Plan {
+  Config cfg;  // the configuration the plan is for, every choice it made written in
+  Machine machine;
+  int world = 1;
+  RunPlacement run;
+  ModelDims dims;  // the whole model (experts_local = experts)
+
+  // Foldings: attention cp × dp, experts ep × edp.
+  int cp = 1, dp = 1, ep = 1, edp = 1;
+  bool ring = false;  // cp > 1: ring attention (else Ulysses)
+  int moe_chunks = 1;
+  int local_seq = 0;       // tokens of each sequence on a rank (S / cp)
+  int micro_batches = 1;   // per optimizer step on a rank
+  // Optimizer state: per segment (model/params.h) in host memory or not, per parameter the same
+  // (empty: none on the host), and the ZeRO owner of each parameter in its replica group (dense:
+  // the world, experts: the edp group; empty: no ZeRO).
+  std::vector<bool> segment_on_host, state_on_host;
+  std::vector<int> owner;
+  std::vector<bool> expert_param;  // per parameter: an expert tensor (sharded over ep)
+  int64_t host_params = 0;  // parameters whose state is in host memory (all ranks' owners)
+
+  ActivationLayout activations;
+  MemoryPlan memory;  // of the rank that needs the most device memory
+  int memory_rank = 0;
+  StepTime time;
+  // Why a setting was chosen, in order (placement, foldings, state); printed by `mop plan`.
+  std::vector<std::string> notes;
+
+  // This rank's memory (ZeRO owners hold different state per rank).
+  MemoryPlan memory_of_rank(int rank) const;
+  // Whether `rank` keeps parameter p's optimizer state (and updates it).
+  bool owns(int rank, int p) const;
+  // Tokens per optimizer step (all ranks) and the model FLOPs of one step.
+  int64_t tokens_per_step() const;
+  double model_flops_per_step() const;
+};
+
+// Plans cfg (its parallel foldings validated against `world`) for `machine`. A plan that does
+// not fit — device or host memory — is a UserError naming the tensor class, the sizes and the
+// settings to change. check_fit: false leaves that to the caller (plan search).
+Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_fit = true);
+// Why the plan does not fit ("" when it does); `what` gets the memory and its largest class,
+// e.g. "cuda memory: activations", or "host memory".
+std::string plan_overflow(const Plan& plan, std::string* what = nullptr);
+
+// Model FLOPs per token: 6·N_active + 6·S·heads·head_dim·layers (causal attention forward and
+// backward), the MFU numerator.
+double model_flops_per_token(const Config& cfg);
+
+}  // namespace mop

@@ -1,0 +1,288 @@
+// Plan reports (see report.h).
+#include "plan/report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+#include "core/memory.h"
+#include "model/params.h"
+
+namespace mop {
+
+namespace {
+
+std::string printf_str(const char* fmt, double a, double b = 0, double c = 0) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, fmt, a, b, c);
+  return buf;
+}
+
+std::string ms(double seconds) { return printf_str("%.0f ms", 1e3 * seconds); }
+std::string gib(double bytes) { return format_bytes(bytes); }
+
+// The parameters of each report component: where their weights, gradients and state live.
+enum Comp { kEmbedding, kAttention, kRouter, kExperts, kDenseFfn, kLmHead, kNumComp };
+
+int param_component(const ParamDef& p) {
+  switch (p.kind) {
+    case ParamKind::Embedding: return kEmbedding;
+    case ParamKind::AttentionProj: return kAttention;
+    case ParamKind::Norm: return p.layer < 0 ? kLmHead : kAttention;
+    case ParamKind::Router: return kRouter;
+    case ParamKind::Experts: return kExperts;
+    case ParamKind::Ffn: return kDenseFfn;
+    case ParamKind::LmHead: return kLmHead;
+  }
+  return kAttention;
+}
+
+struct CompMemory {
+  double device = 0, host = 0;
+};
+
+// Device and host memory per component: parameters (weights, gradients, the state that lives
+// there) plus the component's activations.
+std::vector<CompMemory> component_memory(const Plan& p) {
+  std::vector<CompMemory> out(kNumComp);
+  const ModelLayout local = ModelLayout::build(ModelDims::from(p.cfg, 0, p.ep));
+  const double wg = double(dtype_size(p.run.compute) + dtype_size(p.run.grad));
+  for (size_t q = 0; q < local.params.size(); ++q) {
+    const double n = double(aligned_numel(local.params[q].numel()));
+    CompMemory& c = out[size_t(param_component(local.params[q]))];
+    c.device += n * wg;
+    if (!p.owns(p.memory_rank, int(q))) continue;
+    const bool host = !p.state_on_host.empty() && p.state_on_host[q];
+    (host ? c.host : c.device) += 12 * n;
+    if (host && p.run.device != Device::CPU) c.device += 2 * n, c.host += 4 * n;
+  }
+  const auto act = p.memory.activations_by_component;
+  out[kAttention].device += double(act[size_t(Component::Attention)]);
+  out[kRouter].device += double(act[size_t(Component::Router)]);
+  out[kExperts].device += double(act[size_t(Component::Experts)]);
+  out[kDenseFfn].device += double(act[size_t(Component::DenseFfn)]);
+  out[kLmHead].device += double(act[size_t(Component::LmHead)]);
+  return out;
+}
+
+std::string placement_of(const Plan& p, int comp) {
+  const ModelDims& d = p.dims;
+  switch (comp) {
+    case kEmbedding: return "replicated (" + std::to_string(d.vocab) + " × " + std::to_string(d.hidden) + ")";
+    case kAttention: {
+      std::string s = std::to_string(d.heads) + "/" + std::to_string(d.kv_heads) + " heads × " +
+                      std::to_string(d.head_dim);
+      if (p.cp == 1) return s + ", whole sequences";
+      return s + ", cp " + std::to_string(p.cp) + (p.ring ? " ring" : " Ulysses") + ", " +
+             std::to_string(p.local_seq) + " tokens per rank";
+    }
+    case kRouter: return std::to_string(d.experts) + " experts, top " + std::to_string(d.top_k);
+    case kExperts:
+      return "ep " + std::to_string(p.ep) + ": " + std::to_string(d.experts / p.ep) + " per rank" +
+             (p.ep > 1 ? ", exchange in " + std::to_string(p.moe_chunks) + " chunk(s)" : std::string());
+    case kDenseFfn:
+      return d.first_dense || d.shared_ffn ? std::to_string(d.first_dense) + " dense layer(s)" +
+                                                 (d.shared_ffn ? ", shared expert" : "")
+                                           : "none";
+    case kLmHead:
+      return std::string(d.tied ? "tied" : "untied") + ", fused with the loss, " +
+             std::to_string(std::min<int64_t>(p.cfg.train.lm_head_chunk,
+                                              p.cfg.train.micro_batch_size * p.local_seq)) +
+             "-token chunks";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string plan_text(const Plan& p) {
+  std::string o;
+  const Machine& m = p.machine;
+  const bool gpu = p.run.device != Device::CPU;
+  o += "plan: " + std::to_string(p.world) + " rank(s) on " + m.name + " (" + m.device.name + ", " +
+       gib(m.device.memory_bytes) + " per rank; host " + gib(m.host.memory_bytes) + " per node, " +
+       std::to_string(m.gpus_per_node) + " rank(s) per node, " + std::to_string(m.nodes) + " node(s))\n";
+  for (const std::string& n : p.notes) o += "  " + n + "\n";
+  o += "  batch: " + std::to_string(p.cfg.train.global_batch_size) + " sequences × " +
+       std::to_string(p.cfg.data.seq_len) + " tokens per step; " + std::to_string(p.micro_batches) +
+       " micro-batch(es) of " + std::to_string(p.cfg.train.micro_batch_size) + " per rank; recompute " +
+       (p.cfg.train.recompute ? "on" : "off") + (p.owner.empty() ? "" : "; ZeRO-1") + "\n\n";
+
+  const std::vector<CompMemory> mem = component_memory(p);
+  char line[320];
+  std::snprintf(line, sizeof line, "%-16s %-50s %11s %11s %9s %9s %9s %14s\n", "component", "placement",
+                gpu ? "GPU mem" : "memory", "host mem", "forward", "backward", "recompute",
+                "comm (exposed)");
+  o += line;
+  auto row = [&](const char* name, const std::string& place, double dev, double host,
+                 const ComponentTime* t) {
+    std::string comm = t && t->comm_total > 0 ? ms(t->comm_total) + " (" + ms(t->comm_exposed) + ")" : "-";
+    std::snprintf(line, sizeof line, "%-16s %-50s %11s %11s %9s %9s %9s %14s\n", name, place.c_str(),
+                  dev > 0 ? gib(dev).c_str() : "-", host > 0 ? gib(host).c_str() : "-",
+                  t ? ms(t->forward).c_str() : "-", t ? ms(t->backward).c_str() : "-",
+                  t && t->recompute > 0 ? ms(t->recompute).c_str() : "-", comm.c_str());
+    o += line;
+  };
+  const char* names[kNumComp] = {"embedding", "attention", "router", "experts", "dense FFN", "LM head + loss"};
+  for (int c = 0; c < kNumComp; ++c) {
+    if (c == kDenseFfn && !p.dims.first_dense && !p.dims.shared_ffn) continue;
+    row(names[c], placement_of(p, c), mem[size_t(c)].device, mem[size_t(c)].host, &p.time.components[size_t(c)]);
+  }
+  int host_segments = 0;
+  for (bool h : p.segment_on_host) host_segments += h;
+  const ComponentTime& opt = p.time.components[6];
+  std::string state = host_segments == 0 ? std::string(gpu ? "all on the GPU" : "all with the CPU backend")
+                                         : std::to_string(host_segments) + "/" +
+                                               std::to_string(p.segment_on_host.size()) + " segments in host memory" +
+                                               (p.time.host_two_pass ? ", two passes" : "");
+  row("optimizer", state, 0, 0, &opt);
+  row("layer inputs", p.cfg.train.recompute ? "kept; the rest recomputed" : "kept with every activation",
+      double(p.memory.activations_by_component[size_t(Component::Checkpoints)]), 0, nullptr);
+  row("act. gradients", "shared by the layers",
+      double(p.memory.activations_by_component[size_t(Component::Gradients)]), 0, nullptr);
+  if (p.world > 1) row("gradient sums", p.cfg.parallel.overlap_grad_reduce ? "per segment, own stream" : "in turn",
+                       0, 0, &p.time.components[7]);
+
+  const MemoryPlan& mp = p.memory;
+  o += "\nmemory of rank " + std::to_string(p.memory_rank) + (gpu ? " (GPU)" : "") + ": weights " +
+       gib(double(mp.weights)) + ", gradients " + gib(double(mp.grads)) + ", optimizer state " +
+       gib(double(mp.optimizer_state)) + ", gradient staging " + gib(double(mp.host_grad_staging)) +
+       ", activations " + gib(double(mp.activations)) + ", workspaces " + gib(double(mp.workspaces)) +
+       ", batch " + gib(double(mp.batch)) + ", communicators " + gib(double(mp.comms)) + " = " +
+       gib(double(mp.device_total())) + " of " + gib(m.device.memory_bytes) +
+       printf_str(" (%.0f%%)\n", 100.0 * double(mp.device_total()) / m.device.memory_bytes);
+  o += "host memory per rank: optimizer state " + gib(double(mp.host_optimizer_state)) + ", staging " +
+       gib(double(mp.host_staging)) + ", mirrors " + gib(double(mp.host_activations)) + " = " +
+       gib(double(mp.host_total())) + " (× " + std::to_string(std::min(p.world, m.gpus_per_node)) +
+       " per node of " + gib(m.host.memory_bytes) + ")\n";
+
+  const StepTime& t = p.time;
+  OpTimes split;
+  split.seconds = t.seconds;
+  o += "\ntime per step (predicted): " + split.describe() + "\n";
+  if (t.comm_total > 0)
+    o += "  collectives " + ms(t.comm_total) + " in all, " + ms(t.seconds[size_t(OpCategory::Communication)]) +
+         " exposed\n";
+  if (p.host_params > 0)
+    o += "  host update " + ms(t.host_update) + " until the new weights" +
+         (t.host_two_pass ? " + " + ms(t.host_state) + " state pass" : std::string()) + ", " +
+         ms(t.host_exposed) + " exposed; gradients to the host " + ms(t.grad_to_host) +
+         ", weights back " + ms(t.weights_to_device) + " (overlapped)\n";
+  o += "  step " + ms(t.step) + printf_str(" → %.0f tokens/s (%.0f per rank)", t.tokens_per_second(p),
+                                           t.tokens_per_second(p) / p.world) +
+       printf_str(", model %.0f TFLOP/s per rank, MFU %.1f%%\n",
+                  p.model_flops_per_step() / t.step / p.world / 1e12, 100 * t.mfu(p));
+  return o;
+}
+
+Json plan_json(const Plan& p) {
+  Json j = Json::object();
+  j["machine"] = p.machine.name;
+  j["ranks"] = p.world;
+  j["device"] = std::string(device_name(p.run.device));
+  Json f = Json::object();
+  f["cp"] = p.cp, f["dp"] = p.dp, f["ep"] = p.ep, f["edp"] = p.edp;
+  f["attention"] = p.cp > 1 ? (p.ring ? "ring" : "ulysses") : "local";
+  f["moe_chunks"] = p.moe_chunks;
+  f["micro_batch_size"] = p.cfg.train.micro_batch_size;
+  f["micro_batches"] = p.micro_batches;
+  f["recompute"] = p.cfg.train.recompute;
+  f["zero"] = !p.owner.empty();
+  f["state_placement"] = p.cfg.optim.state_placement;
+  Json seg = Json::array();
+  for (bool h : p.segment_on_host) seg.push_back(h ? "host" : "device");
+  f["segment_state"] = seg;
+  j["plan"] = f;
+  const MemoryPlan& m = p.memory;
+  Json mem = Json::object();
+  mem["rank"] = p.memory_rank;
+  mem["weights"] = m.weights, mem["grads"] = m.grads, mem["optimizer_state"] = m.optimizer_state;
+  mem["gradient_staging"] = m.host_grad_staging, mem["activations"] = m.activations;
+  mem["workspaces"] = m.workspaces, mem["batch"] = m.batch, mem["comms"] = m.comms;
+  mem["device_total"] = m.device_total(), mem["device_capacity"] = p.machine.device.memory_bytes;
+  mem["host_optimizer_state"] = m.host_optimizer_state, mem["host_staging"] = m.host_staging;
+  mem["host_activations"] = m.host_activations, mem["host_total"] = m.host_total();
+  Json act = Json::object();
+  for (int c = 0; c < kNumComponents; ++c) act[component_name(Component(c))] = m.activations_by_component[size_t(c)];
+  mem["activations_by_component"] = act;
+  j["memory"] = mem;
+  const StepTime& t = p.time;
+  Json time = Json::object();
+  Json cats = Json::object();
+  for (int c = 0; c < kNumOpCategories; ++c) cats[op_category_name(OpCategory(c))] = t.seconds[size_t(c)];
+  time["categories"] = cats;
+  Json comps = Json::array();
+  for (const ComponentTime& c : t.components) {
+    Json x = Json::object();
+    x["name"] = c.name, x["forward"] = c.forward, x["backward"] = c.backward;
+    x["recompute"] = c.recompute, x["comm_total"] = c.comm_total, x["comm_exposed"] = c.comm_exposed;
+    x["flops"] = c.flops;
+    comps.push_back(x);
+  }
+  time["components"] = comps;
+  time["host_update"] = t.host_update, time["host_state"] = t.host_state;
+  time["host_exposed"] = t.host_exposed, time["host_two_pass"] = t.host_two_pass;
+  time["comm_total"] = t.comm_total;
+  time["step"] = t.step;
+  time["tokens_per_second"] = t.tokens_per_second(p);
+  time["mfu"] = t.mfu(p);
+  j["time"] = time;
+  return j;
+}
+
+std::string search_text(const SearchResult& r, int top) {
+  std::string o;
+  o += "searched " + std::to_string(r.feasible.size() + r.rejected.size()) + " plans over";
+  for (const std::string& k : r.open_keys) o += " " + k;
+  o += ": " + std::to_string(r.feasible.size()) + " fit, " + std::to_string(r.rejected.size()) + " do not\n\n";
+  char line[320];
+  std::snprintf(line, sizeof line, "%4s  %-64s %10s %12s %7s %11s %11s\n", "rank", "settings", "step",
+                "tokens/s", "MFU", "device mem", "host mem");
+  o += line;
+  for (int i = 0; i < int(r.feasible.size()) && i < top; ++i) {
+    const Plan& p = r.feasible[size_t(i)].plan;
+    std::snprintf(line, sizeof line, "%4d  %-64s %10s %12.0f %6.1f%% %11s %11s\n", i + 1,
+                  r.feasible[size_t(i)].settings.c_str(), ms(p.time.step).c_str(), p.time.tokens_per_second(p),
+                  100 * p.time.mfu(p), gib(double(p.memory.device_total())).c_str(),
+                  gib(double(p.memory.host_total())).c_str());
+    o += line;
+  }
+  if (!r.rejected.empty()) {
+    std::map<std::string, std::vector<const Candidate*>> groups;
+    for (const Candidate& c : r.rejected) groups[c.group].push_back(&c);
+    o += "\nrejected:\n";
+    for (const auto& [key, list] : groups) {
+      o += "  " + std::to_string(list.size()) + " × " + (key.find("memory") != std::string::npos
+                                                            ? "do not fit in " + key
+                                                            : key) + "\n";
+      for (size_t i = 0; i < list.size() && i < 2; ++i)
+        o += "      " + list[i]->settings + ": " + list[i]->why + "\n";
+    }
+  }
+  return o;
+}
+
+Json search_json(const SearchResult& r, int top) {
+  Json j = Json::object();
+  Json keys = Json::array();
+  for (const std::string& k : r.open_keys) keys.push_back(k);
+  j["open_keys"] = keys;
+  Json fit = Json::array();
+  for (int i = 0; i < int(r.feasible.size()) && i < top; ++i) {
+    Json c = plan_json(r.feasible[size_t(i)].plan);
+    c["settings"] = r.feasible[size_t(i)].settings;
+    fit.push_back(c);
+  }
+  j["feasible"] = fit;
+  j["feasible_count"] = r.feasible.size();
+  Json rej = Json::array();
+  for (const Candidate& c : r.rejected) {
+    Json x = Json::object();
+    x["settings"] = c.settings, x["why"] = c.why, x["group"] = c.group;
+    rej.push_back(x);
+  }
+  j["rejected"] = rej;
+  return j;
+}
+
+}  // namespace mop

@@ -1,0 +1,135 @@
+// Plan search (see search.h): the cross product of the open keys' values, each planned with
+// make_plan (without the fit check), split into fitting and rejected plans.
+#include "plan/search.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+
+namespace mop {
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+template <class T>
+std::vector<T> one(T v) {
+  return {v};
+}
+
+}  // namespace
+
+SearchResult search_plans(const Config& base, const Machine& machine, int world) {
+  SearchResult out;
+  auto open = [&](const char* key) {
+    const bool o = !base.is_pinned(key);
+    if (o) out.open_keys.push_back(key);
+    return o;
+  };
+  const auto& a = base.parallel.attention;
+  const auto& e = base.parallel.moe;
+  const bool open_cp = open("parallel.attention.cp"), open_dp = open("parallel.attention.dp");
+  const bool open_impl = open("parallel.attention.impl");
+  const bool open_ep = open("parallel.moe.ep"), open_edp = open("parallel.moe.dp");
+  const bool open_chunks = open("parallel.moe.chunks");
+  const bool open_zero = open("parallel.zero");
+  const bool open_mb = open("train.micro_batch_size");
+  const bool open_recompute = open("train.recompute");
+  const bool open_state = open("optim.state_placement");
+
+  // Attention foldings: cp × dp = world.
+  std::vector<std::pair<int64_t, int64_t>> attn;
+  for (int64_t cp : divisors(world)) {
+    const int64_t dp = world / cp;
+    if ((!open_cp && cp != a.cp) || (!open_dp && dp != a.dp)) continue;
+    attn.push_back({cp, dp});
+  }
+  std::vector<std::pair<int64_t, int64_t>> moe;
+  for (int64_t ep : divisors(world)) {
+    const int64_t dp = world / ep;
+    if ((!open_ep && ep != e.ep) || (!open_edp && dp != e.dp)) continue;
+    moe.push_back({ep, dp});
+  }
+  if (attn.empty() || moe.empty()) {
+    Candidate c;
+    c.settings = "the config's foldings";
+    c.group = "invalid settings";
+    c.why = "parallel.attention (cp " + std::to_string(a.cp) + " × dp " + std::to_string(a.dp) +
+            ") and parallel.moe (ep " + std::to_string(e.ep) + " × dp " + std::to_string(e.dp) +
+            ") must multiply to the " + std::to_string(world) + " ranks";
+    out.rejected.push_back(c);
+    return out;
+  }
+  std::set<std::string> seen;  // plans that came out the same (auto placement = gpu, …)
+  for (auto [cp, dp] : attn)
+    for (const std::string& impl : open_impl && cp > 1 ? std::vector<std::string>{"ulysses", "ring"}
+                                                       : one(a.impl))
+      for (auto [ep, edp] : moe)
+        for (int64_t chunks : open_chunks && ep > 1 ? std::vector<int64_t>{1, 2, 4} : one(e.chunks))
+          for (bool zero : open_zero && world > 1 ? std::vector<bool>{true, false} : one(base.parallel.zero))
+            for (bool recompute : open_recompute ? std::vector<bool>{false, true} : one(base.train.recompute)) {
+              std::vector<int64_t> mbs;
+              if (open_mb) {
+                const int64_t per_dp = base.train.global_batch_size / dp;
+                for (int64_t mb : divisors(std::max<int64_t>(per_dp, 1)))
+                  if (mb <= 8 && base.train.global_batch_size % dp == 0) mbs.push_back(mb);
+                if (mbs.empty()) mbs.push_back(1);
+              } else {
+                mbs.push_back(base.train.micro_batch_size);
+              }
+              for (int64_t mb : mbs)
+                for (const std::string& state : open_state ? std::vector<std::string>{"auto", "gpu", "host"}
+                                                           : one(base.optim.state_placement)) {
+                  Config c = base;
+                  c.parallel.attention.cp = cp, c.parallel.attention.dp = dp;
+                  c.parallel.attention.impl = cp > 1 ? impl : a.impl;
+                  c.parallel.moe.ep = ep, c.parallel.moe.dp = edp;
+                  c.parallel.moe.chunks = ep > 1 ? chunks : e.chunks;
+                  c.parallel.zero = zero;
+                  c.train.recompute = recompute;
+                  c.train.micro_batch_size = mb;
+                  c.optim.state_placement = state;
+                  c.train.plan = "config";
+                  Candidate cand;
+                  cand.settings = "cp " + std::to_string(cp) + (cp > 1 ? " " + impl : std::string()) +
+                                  ", ep " + std::to_string(ep) +
+                                  (ep > 1 ? " chunks " + std::to_string(chunks) : std::string()) +
+                                  ", micro-batch " + std::to_string(mb) +
+                                  (recompute ? ", recompute" : "") + (world > 1 && zero ? ", zero" : "") +
+                                  ", state " + state;
+                  cand.cfg = c;
+                  try {
+                    cand.plan = make_plan(c, machine, world, /*check_fit=*/false);
+                    cand.why = plan_overflow(cand.plan, &cand.group);
+                  } catch (const UserError& err) {
+                    cand.why = err.what();
+                    cand.group = "invalid settings";
+                  }
+                  if (!cand.why.empty()) {
+                    out.rejected.push_back(std::move(cand));
+                    continue;
+                  }
+                  // The same resolved plan under another placement name (auto that put everything
+                  // on the GPU is the gpu plan) is listed once.
+                  std::string key = dump_config(c);
+                  key.erase(key.find("state_placement"), key.find('\n', key.find("state_placement")) -
+                                                             key.find("state_placement"));
+                  for (bool h : cand.plan.segment_on_host) key += h ? 'h' : 'g';
+                  if (!seen.insert(key).second) continue;
+                  out.feasible.push_back(std::move(cand));
+                }
+            }
+  std::stable_sort(out.feasible.begin(), out.feasible.end(), [](const Candidate& x, const Candidate& y) {
+    return x.plan.time.step < y.plan.time.step;
+  });
+  return out;
+}
+
+}  // namespace mop

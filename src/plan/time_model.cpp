@@ -1,0 +1,543 @@
+// The time model (see time_model.h). Shapes follow transformer.cpp: T tokens of a micro-batch on
+// this rank, H hidden, Q = heads·D, KV = kv_heads·D, E experts (E_l on this rank), K top-k, F an
+// expert's FFN width, V vocabulary; c bytes per compute element, 4 per acc element.
+#include "plan/time_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/params.h"
+#include "plan/plan.h"
+
+namespace mop {
+
+double StepTime::compute() const {
+  double s = 0;
+  for (int c = 0; c < kNumOpCategories; ++c)
+    if (OpCategory(c) != OpCategory::Communication) s += seconds[size_t(c)];
+  return s;
+}
+
+double StepTime::tokens_per_second(const Plan& plan) const {
+  return step > 0 ? double(plan.tokens_per_step()) / step : 0.0;
+}
+
+double StepTime::mfu(const Plan& plan) const {
+  const double peak = plan.machine.device.peak_flops * plan.world;
+  return step > 0 && peak > 0 ? plan.model_flops_per_step() / step / peak : 0.0;
+}
+
+namespace {
+
+enum class Phase { Forward, Backward, Recompute };
+enum class Pass { Fwd, Dgrad, Wgrad };
+
+// A group of ranks' place on the machine: its size and how many of them share a node.
+struct Group {
+  int size = 1, per_node = 1;
+};
+
+class Model {
+ public:
+  explicit Model(const Plan& p) : p_(p), d_(p.machine.device), l_(p.machine.link), st_() {
+    const int gpn = p.machine.gpus_per_node;
+    // Ranks are laid out node by node: cp and ep groups are consecutive ranks, dp/edp strided.
+    cp_group_ = {p.cp, std::min(p.cp, gpn)};
+    ep_group_ = {p.ep, std::min(p.ep, gpn)};
+    world_group_ = {p.world, std::min(p.world, gpn)};
+    edp_group_ = {p.edp, std::max(1, std::min(p.edp, gpn / std::max(1, p.ep)))};
+    c_ = double(dtype_size(p.run.compute));
+  }
+
+  StepTime run();
+
+ private:
+  // ---- pricing -------------------------------------------------------------------------------
+  void charge(OpCategory cat, double seconds) {
+    st_.seconds[size_t(cat)] += seconds * repeat_;
+    ComponentTime& c = st_.components[size_t(component_)];
+    (phase_ == Phase::Forward ? c.forward : phase_ == Phase::Backward ? c.backward : c.recompute) +=
+        seconds * repeat_;
+  }
+  void flop(double f) { st_.components[size_t(component_)].flops += f * repeat_; }
+  void gemm(double m, double n, double k, Pass pass, double slowdown = 1) {
+    const double f = 2 * m * n * k;
+    if (f <= 0) return;
+    const RateTable& t = pass == Pass::Fwd ? d_.gemm_fwd : pass == Pass::Dgrad ? d_.gemm_dgrad : d_.gemm_wgrad;
+    charge(OpCategory::DenseGemm, f / t.at(f) * slowdown + d_.launch_seconds);
+    flop(f);
+  }
+  void grouped(double rows, double n, double k, Pass pass, double slowdown) {
+    const double f = 2 * rows * n * k;
+    if (f <= 0) return;
+    const double per_expert = rows / double(std::max<int64_t>(1, p_.dims.experts / p_.ep));
+    const RateTable& t = pass == Pass::Fwd ? d_.grouped_fwd : pass == Pass::Dgrad ? d_.grouped_dgrad : d_.grouped_wgrad;
+    charge(OpCategory::Experts, f / t.at(std::max(1.0, per_expert)) * slowdown + d_.launch_seconds);
+    flop(f);
+  }
+  void mem(OpCategory cat, double bytes, double bw) {
+    charge(cat, (bw > 0 ? bytes / bw : 0) + d_.launch_seconds);
+  }
+  void sync() { charge(OpCategory::Other, d_.sync_seconds); }
+  // Bus-bandwidth time of a collective over `g` moving `bytes` per rank.
+  double collective(double bytes, Group g, double node_bw, double net_bw, double bus_factor) const {
+    if (g.size <= 1 || bytes <= 0) return 0;
+    const bool net = g.per_node < g.size;
+    const double bw = net ? net_bw : node_bw;
+    return (bw > 0 ? bytes * bus_factor / bw : 0) + (net ? l_.net_latency : l_.node_latency);
+  }
+  double all_to_all(double bytes, Group g) const {
+    return collective(bytes, g, l_.node_all_to_all, l_.net_all_to_all, double(g.size - 1) / g.size);
+  }
+  double all_reduce(double bytes, Group g) const {
+    return collective(bytes, g, l_.node_all_reduce, l_.net_all_reduce, 2.0 * (g.size - 1) / g.size);
+  }
+  double send_recv(double bytes, Group g) const {
+    return collective(bytes, g, l_.node_send_recv, l_.net_send_recv, 1.0);
+  }
+  // A collective on the compute stream: all of it exposed.
+  void exposed_comm(double seconds) {
+    charge(OpCategory::Communication, seconds);
+    ComponentTime& c = st_.components[size_t(component_)];
+    c.comm_total += seconds * repeat_, c.comm_exposed += seconds * repeat_;
+    st_.comm_total += seconds * repeat_;
+  }
+  // A collective beside the compute, of which `exposed` seconds hold up the compute stream.
+  void overlapped_comm(double seconds, double exposed) {
+    charge(OpCategory::Communication, exposed);
+    ComponentTime& c = st_.components[size_t(component_)];
+    c.comm_total += seconds * repeat_, c.comm_exposed += exposed * repeat_;
+    st_.comm_total += seconds * repeat_;
+  }
+
+  // ---- the model's ops -----------------------------------------------------------------------
+  void norm(double rows, double cols, bool backward) {
+    mem(OpCategory::Other, rows * cols * c_ * (backward ? 3 : 2) + rows * 4, d_.norm_bw);
+  }
+  void ulysses(double width, int times);
+  void attention_fwd(double T);
+  void attention_bwd(double T);
+  void layer_fwd(int l, double T);
+  void layer_bwd(int l, double T);
+  void moe_fwd(double T);
+  void moe_bwd(double T);
+  void ffn(double T, double F, bool backward);
+  void experts(double T, bool backward);
+  void optimizer();
+  void grad_sums(const std::vector<double>& segment_backward_end, double backward_end);
+  void host_update(const std::vector<double>& fwd_segment, double step_compute_before_copy);
+  void set(int component, Phase phase) { component_ = component, phase_ = phase; }
+
+  const Plan& p_;
+  const DeviceSpec& d_;
+  const LinkSpec& l_;
+  StepTime st_;
+  Group cp_group_, ep_group_, world_group_, edp_group_;
+  double c_ = 2;
+  double repeat_ = 1;  // micro-batches the ops being priced run for
+  int component_ = 0;
+  Phase phase_ = Phase::Forward;
+};
+
+enum Comp { kEmbedding, kAttention, kRouter, kExperts, kDenseFfn, kLmHead, kOptimizer, kGradSums, kNumComp };
+const char* kCompNames[kNumComp] = {"embedding", "attention", "router", "experts", "dense FFN",
+                                    "LM head + loss", "optimizer", "gradient sums"};
+
+// The Ulysses exchange of `times` tensors of `width` elements per token: a gather, an all-to-all
+// on the compute stream and a gather each.
+void Model::ulysses(double width, int times) {
+  const double T = double(p_.cfg.train.micro_batch_size) * p_.local_seq;
+  for (int i = 0; i < times; ++i) {
+    mem(OpCategory::RouterPermute, 2 * T * width * c_, d_.permute_bw);
+    exposed_comm(all_to_all(T * width * c_, cp_group_));
+    mem(OpCategory::RouterPermute, 2 * T * width * c_, d_.permute_bw);
+  }
+}
+
+void Model::attention_fwd(double T) {
+  const ModelDims& d = p_.dims;
+  const double B = p_.cfg.train.micro_batch_size, S = double(p_.cfg.data.seq_len);
+  const double D = double(d.head_dim), Nq = double(d.heads);
+  const double causal = 2 * B * S * S * Nq * D / p_.cp;  // this rank's share of the causal FLOPs
+  if (p_.cp > 1 && !p_.ring) {
+    ulysses(double(d.q_width()) / p_.cp, 1);
+    ulysses(double(d.kv_width()) / p_.cp, 2);
+    charge(OpCategory::Attention, causal / d_.attention_fwd.at(S) + d_.launch_seconds);
+    ulysses(double(d.q_width()) / p_.cp, 1);
+  } else if (p_.ring) {
+    const double chunk = S / (2 * p_.cp);
+    const double blocks = causal / d_.attention_block_fwd.at(chunk) + 4 * p_.cp * d_.launch_seconds;
+    charge(OpCategory::Attention, blocks);
+    // Merges: the fp32 accumulator read and written once per ring step.
+    mem(OpCategory::Attention, p_.cp * T * double(d.q_width()) * (8 + c_), d_.copy_bw);
+    const double step_bytes = 2 * T * double(d.kv_width()) * c_;
+    const double comm = (p_.cp - 1) * send_recv(step_bytes, cp_group_);
+    overlapped_comm(comm, std::max(0.0, comm - blocks));  // each step's pass behind its blocks
+  } else {
+    charge(OpCategory::Attention, causal / d_.attention_fwd.at(S) + d_.launch_seconds);
+  }
+  flop(causal);
+}
+
+void Model::attention_bwd(double T) {
+  const ModelDims& d = p_.dims;
+  const double B = p_.cfg.train.micro_batch_size, S = double(p_.cfg.data.seq_len);
+  const double D = double(d.head_dim), Nq = double(d.heads);
+  const double causal = 2.5 * 2 * B * S * S * Nq * D / p_.cp;
+  if (p_.cp > 1 && !p_.ring) {
+    ulysses(double(d.q_width()) / p_.cp, 1);
+    charge(OpCategory::Attention, causal / d_.attention_bwd.at(S) + d_.launch_seconds);
+    ulysses(double(d.q_width()) / p_.cp, 1);
+    ulysses(double(d.kv_width()) / p_.cp, 2);
+  } else if (p_.ring) {
+    const double chunk = S / (2 * p_.cp);
+    const double blocks = causal / d_.attention_block_bwd.at(chunk) + 4 * p_.cp * d_.launch_seconds;
+    charge(OpCategory::Attention, blocks);
+    mem(OpCategory::Attention, p_.cp * T * double(d.kv_width()) * 2 * 8, d_.copy_bw);
+    // K/V again, and the fp32 dK/dV sums one step behind; the final hop home is exposed.
+    const double kv = send_recv(2 * T * double(d.kv_width()) * c_, cp_group_);
+    const double sums = send_recv(2 * T * double(d.kv_width()) * 4, cp_group_);
+    const double comm = (p_.cp - 1) * kv + p_.cp * sums;
+    overlapped_comm(comm, std::max(0.0, comm - blocks - sums) + sums);
+  } else {
+    charge(OpCategory::Attention, causal / d_.attention_bwd.at(S) + d_.launch_seconds);
+  }
+  flop(causal);
+}
+
+void Model::ffn(double T, double F, bool backward) {
+  const double H = double(p_.dims.hidden);
+  if (!backward) {
+    gemm(T, 2 * F, H, Pass::Fwd);
+    mem(OpCategory::Experts, T * 3 * F * c_, d_.swiglu_bw);
+    gemm(T, H, F, Pass::Fwd);
+    return;
+  }
+  gemm(T, F, H, Pass::Dgrad);
+  gemm(H, F, T, Pass::Wgrad);
+  mem(OpCategory::Experts, T * 5 * F * c_, d_.swiglu_bw);
+  gemm(T, H, 2 * F, Pass::Dgrad);
+  gemm(2 * F, H, T, Pass::Wgrad);
+}
+
+// The routed experts and their exchange: dispatch → experts → combine, in chunks.
+void Model::experts(double T, bool backward) {
+  const ModelDims& d = p_.dims;
+  const double H = double(d.hidden), F = double(d.expert_ffn), K = double(d.top_k);
+  const double rows = T * K;  // balanced routing: every rank receives as many rows as it sends
+  double exchange = 0;
+  double slowdown = 1;
+  if (p_.ep > 1) {
+    exchange = 2 * all_to_all(rows * H * c_, ep_group_);  // dispatch and combine
+    if (p_.moe_chunks > 1) slowdown = l_.overlap_slowdown;
+  }
+  const double before = st_.seconds[size_t(OpCategory::Experts)];
+  if (!backward) {
+    grouped(rows, 2 * F, H, Pass::Fwd, slowdown);
+    mem(OpCategory::Experts, rows * 3 * F * c_, d_.swiglu_bw);
+    grouped(rows, H, F, Pass::Fwd, slowdown);
+  } else {
+    grouped(rows, F, H, Pass::Dgrad, slowdown);
+    grouped(rows, H, F, Pass::Wgrad, slowdown);
+    mem(OpCategory::Experts, rows * 5 * F * c_, d_.swiglu_bw);
+    grouped(rows, H, 2 * F, Pass::Dgrad, slowdown);
+    grouped(rows, 2 * F, H, Pass::Wgrad, slowdown);
+  }
+  if (p_.ep > 1) {
+    const double experts_time = (st_.seconds[size_t(OpCategory::Experts)] - before) / repeat_;
+    // Gathers into and out of expert-major order, and the counts' host all-to-all (forward).
+    mem(OpCategory::RouterPermute, 4 * rows * H * c_, d_.permute_bw);
+    if (!backward) exposed_comm(l_.node_latency + d_.sync_seconds);
+    const double c = std::min<double>(p_.moe_chunks, double(d.experts / p_.ep));
+    const double exposed = exchange / c + std::max(0.0, exchange * (1 - 1 / c) - experts_time);
+    overlapped_comm(exchange, exposed);
+  }
+}
+
+void Model::moe_fwd(double T) {
+  const ModelDims& d = p_.dims;
+  const double H = double(d.hidden), E = double(d.experts), K = double(d.top_k);
+  set(kRouter, phase_);
+  gemm(T, E, H, Pass::Fwd);
+  mem(OpCategory::RouterPermute, T * E * 8 + T * K * 8, d_.router_bw);
+  mem(OpCategory::RouterPermute, T * K * 16, d_.permute_bw);
+  sync();  // the group sizes go to the host
+  if (p_.cp > 1) exposed_comm(all_reduce(E * 4, cp_group_));
+  mem(OpCategory::RouterPermute, T * E * 4, d_.router_bw);
+  mem(OpCategory::RouterPermute, 2 * T * K * H * c_, d_.permute_bw);
+  set(kExperts, phase_);
+  experts(T, false);
+  set(kRouter, phase_);
+  mem(OpCategory::RouterPermute, T * K * H * c_ + 2 * T * H * c_, d_.permute_bw);
+  if (d.shared_ffn) {
+    set(kDenseFfn, phase_);
+    ffn(T, double(d.shared_ffn), false);
+  }
+}
+
+void Model::moe_bwd(double T) {
+  const ModelDims& d = p_.dims;
+  const double H = double(d.hidden), E = double(d.experts), K = double(d.top_k);
+  set(kRouter, phase_);
+  mem(OpCategory::RouterPermute, 2 * T * K * H * c_ + T * H * c_, d_.permute_bw);
+  set(kExperts, phase_);
+  experts(T, true);
+  set(kRouter, phase_);
+  mem(OpCategory::RouterPermute, T * K * H * c_ + T * H * c_, d_.permute_bw);
+  mem(OpCategory::RouterPermute, T * E * 12 + T * K * 12, d_.router_bw);
+  mem(OpCategory::Other, T * E * (4 + c_), d_.copy_bw);
+  gemm(T, H, E, Pass::Dgrad);
+  gemm(E, H, T, Pass::Wgrad);
+  if (d.shared_ffn) {
+    set(kDenseFfn, phase_);
+    ffn(T, double(d.shared_ffn), true);
+  }
+}
+
+void Model::layer_fwd(int l, double T) {
+  const ModelDims& d = p_.dims;
+  const double H = double(d.hidden), Q = double(d.q_width()), KV = double(d.kv_width());
+  set(kAttention, phase_);
+  norm(T, H, false);
+  gemm(T, Q, H, Pass::Fwd);
+  gemm(T, KV, H, Pass::Fwd);
+  gemm(T, KV, H, Pass::Fwd);
+  if (d.qk_norm) {
+    norm(T * d.heads, double(d.head_dim), false);
+    norm(T * d.kv_heads, double(d.head_dim), false);
+  } else {
+    mem(OpCategory::Other, 2 * T * (Q + KV) * c_, d_.copy_bw);
+  }
+  mem(OpCategory::Attention, 2 * T * Q * c_, d_.rope_bw);
+  mem(OpCategory::Attention, 2 * T * KV * c_, d_.rope_bw);
+  attention_fwd(T);
+  mem(OpCategory::Other, 2 * T * H * c_, d_.copy_bw);
+  gemm(T, H, Q, Pass::Fwd);
+  norm(T, H, false);
+  mem(OpCategory::Other, 2 * T * H * c_, d_.copy_bw);
+  if (d.is_moe(l)) {
+    moe_fwd(T);
+  } else {
+    set(kDenseFfn, phase_);
+    ffn(T, double(d.dense_ffn), false);
+  }
+}
+
+void Model::layer_bwd(int l, double T) {
+  const ModelDims& d = p_.dims;
+  const double H = double(d.hidden), Q = double(d.q_width()), KV = double(d.kv_width());
+  if (d.is_moe(l)) {
+    moe_bwd(T);
+  } else {
+    set(kDenseFfn, phase_);
+    mem(OpCategory::Other, T * H * c_, d_.copy_bw);
+    ffn(T, double(d.dense_ffn), true);
+  }
+  set(kAttention, phase_);
+  norm(T, H, true);
+  gemm(T, Q, H, Pass::Dgrad);
+  gemm(H, Q, T, Pass::Wgrad);
+  attention_bwd(T);
+  mem(OpCategory::Attention, 2 * T * (Q + KV) * c_, d_.rope_bw);
+  if (d.qk_norm) {
+    norm(T * d.heads, double(d.head_dim), true);
+    norm(T * d.kv_heads, double(d.head_dim), true);
+  }
+  gemm(T, H, Q, Pass::Dgrad);
+  gemm(T, H, KV, Pass::Dgrad);
+  gemm(T, H, KV, Pass::Dgrad);
+  gemm(Q, H, T, Pass::Wgrad);
+  gemm(KV, H, T, Pass::Wgrad);
+  gemm(KV, H, T, Pass::Wgrad);
+  norm(T, H, true);
+}
+
+void Model::optimizer() {
+  set(kOptimizer, Phase::Backward);
+  const ModelLayout local = ModelLayout::build(ModelDims::from(p_.cfg, 0, p_.ep));
+  const int rank = p_.memory_rank;
+  double grad_bytes = 0, native = 0;
+  int launches = 0;
+  for (size_t q = 0; q < local.params.size(); ++q) {
+    const double n = double(local.params[q].numel());
+    grad_bytes += n * double(dtype_size(p_.run.grad));
+    const bool host = !p_.state_on_host.empty() && p_.state_on_host[q];
+    if (p_.owns(rank, int(q)) && !host) native += n, ++launches;
+  }
+  // Σg² per parameter, the norms to the host, AdamW (+ the cast) on the device-held state:
+  // master, m, v read and written, the gradient read, the compute weights written.
+  charge(OpCategory::Optimizer, grad_bytes / d_.reduce_bw + local.params.size() * d_.launch_seconds +
+                                    d_.sync_seconds);
+  charge(OpCategory::Optimizer, native * (24 + dtype_size(p_.run.grad) + c_) / d_.adamw_bw +
+                                    launches * d_.launch_seconds);
+  // ZeRO: every weight from its owner, on the compute stream.
+  if (!p_.owner.empty()) {
+    double dense = 0, expert = 0;
+    for (size_t q = 0; q < local.params.size(); ++q)
+      (p_.expert_param[q] ? expert : dense) += double(local.params[q].numel()) * c_;
+    exposed_comm(send_recv(dense, world_group_) + send_recv(expert, edp_group_) +
+                 local.params.size() * l_.node_latency);
+  }
+}
+
+// The data-parallel gradient sums, segment by segment on their own stream from when the last
+// micro-batch's backward finishes the segment; what runs past the end of backward is exposed.
+void Model::grad_sums(const std::vector<double>& segment_done, double backward_end) {
+  if (p_.world == 1) return;
+  set(kGradSums, Phase::Backward);
+  const ModelLayout local = ModelLayout::build(ModelDims::from(p_.cfg, 0, p_.ep));
+  const int segments = num_segments(p_.dims);
+  std::vector<double> dense(size_t(segments), 0), expert(size_t(segments), 0);
+  for (size_t q = 0; q < local.params.size(); ++q)
+    (p_.expert_param[q] ? expert : dense)[size_t(param_segment(local, int(q)))] +=
+        double(local.params[q].numel()) * double(dtype_size(p_.run.grad));
+  double stream_free = 0, total = 0;
+  // Backward finishes the segments from the last to the first.
+  for (int s = segments - 1; s >= 0; --s) {
+    const double t = all_reduce(dense[size_t(s)], world_group_) + all_reduce(expert[size_t(s)], edp_group_);
+    total += t;
+    stream_free = std::max(stream_free, segment_done[size_t(s)]) + t;
+  }
+  const bool overlap = p_.cfg.parallel.overlap_grad_reduce && p_.run.device != Device::CPU;
+  overlapped_comm(total, overlap ? std::max(0.0, stream_free - backward_end) : total);
+}
+
+// Host-updated state. Gradients go to the host during the last backward (copy stream); the update
+// starts once the step's clip scale is known, parameter by parameter in forward order; the next
+// forward of a segment waits for its weights (upload in pieces behind the update).
+void Model::host_update(const std::vector<double>& fwd_segment, double until_grad_copy) {
+  if (p_.host_params == 0) return;
+  const HostSpec& h = p_.machine.host;
+  const ModelLayout local = ModelLayout::build(ModelDims::from(p_.cfg, 0, p_.ep));
+  const int segments = num_segments(p_.dims);
+  std::vector<double> n(size_t(segments), 0);
+  double total = 0;
+  for (size_t q = 0; q < local.params.size(); ++q)
+    if (!p_.state_on_host.empty() && p_.state_on_host[q] && p_.owns(p_.memory_rank, int(q))) {
+      n[size_t(param_segment(local, int(q)))] += double(local.params[q].numel());
+      total += double(local.params[q].numel());
+    }
+  const bool device = p_.run.device != Device::CPU;
+  st_.grad_to_host = device ? total * 2 / l_.d2h : 0;
+  st_.weights_to_device = device ? total * 2 / l_.h2d : 0;
+  const double slow = device ? h.adamw_under_copies : 1.0;
+  // Exposed time of an update whose weights come at `rate` parameters/s: the next forward's first
+  // micro-batch runs segment s once its weights are there.
+  auto exposed = [&](double rate) {
+    // The embedding's gradient is the last to reach the host, and the first to be updated.
+    double ready = device ? n[0] * 2 / l_.d2h : 0;
+    double clock = 0, waited = 0;
+    for (int s = 0; s < segments; ++s) {
+      ready += n[size_t(s)] / rate;
+      if (n[size_t(s)] > 0 && ready > clock) waited += ready - clock, clock = ready;
+      clock += fwd_segment[size_t(s)];
+    }
+    return waited;
+  };
+  const double one = exposed(h.adamw_one_pass * slow);
+  const double weights = exposed(h.adamw_weights_pass * slow);
+  // Two passes: the state pass follows the weights passes; the next step's first gradient copy
+  // (the head's, in its last micro-batch's backward) waits for it.
+  const double state_end = total / (h.adamw_weights_pass * slow) + total / (h.adamw_state_pass * slow);
+  const double gate = std::max(0.0, state_end - weights - until_grad_copy);
+  st_.host_two_pass = p_.cfg.optim.overlap && weights + gate < one;
+  if (!p_.cfg.optim.overlap) {
+    st_.host_update = total / h.adamw_one_pass;
+    st_.host_exposed = st_.host_update + (device ? n[0] * 2 / l_.d2h : 0);
+  } else if (st_.host_two_pass) {
+    st_.host_update = total / (h.adamw_weights_pass * slow);
+    st_.host_state = total / (h.adamw_state_pass * slow);
+    st_.host_exposed = weights + gate;
+  } else {
+    st_.host_update = total / (h.adamw_one_pass * slow);
+    st_.host_exposed = one;
+  }
+}
+
+StepTime Model::run() {
+  for (int c = 0; c < kNumComp; ++c) st_.components.push_back({kCompNames[c]});
+  const ModelDims& d = p_.dims;
+  const double T = double(p_.cfg.train.micro_batch_size) * p_.local_seq;
+  const double H = double(d.hidden), V = double(d.vocab);
+  const int segments = num_segments(d);
+  const int m = p_.micro_batches;
+
+  // One micro-batch, segment by segment, forward then backward (priced once, counted m times).
+  repeat_ = m;
+  std::vector<double> fwd(size_t(segments), 0), bwd(size_t(segments), 0);
+  auto timed = [&](double& into, auto&& fn) {
+    const double before = st_.compute() + st_.seconds[size_t(OpCategory::Communication)];
+    fn();
+    into += (st_.compute() + st_.seconds[size_t(OpCategory::Communication)] - before) / repeat_;
+  };
+  timed(fwd[0], [&] {
+    set(kEmbedding, Phase::Forward);
+    mem(OpCategory::Other, 3 * T * 4, d_.copy_bw);  // the micro-batch's ids, targets, positions
+    sync();
+    mem(OpCategory::Other, T * H * c_ + T * 4, d_.embedding_bw);
+  });
+  for (int l = 0; l < d.layers; ++l)
+    timed(fwd[size_t(l + 1)], [&] {
+      phase_ = Phase::Forward;
+      layer_fwd(l, T);
+    });
+  timed(fwd[size_t(segments - 1)], [&] {
+    set(kLmHead, Phase::Forward);
+    norm(T, H, false);
+    const double f = 2 * T * V * H;
+    charge(OpCategory::Loss, f / d_.lm_head_fwd_flops + 2 * d_.launch_seconds);
+    flop(f);
+  });
+  timed(bwd[size_t(segments - 1)], [&] {
+    set(kLmHead, Phase::Backward);
+    const double f = 6 * T * V * H;  // the logits again, dx and dW
+    charge(OpCategory::Loss, f / d_.lm_head_bwd_flops + d_.launch_seconds);
+    flop(f);
+    norm(T, H, true);
+  });
+  for (int l = int(d.layers) - 1; l >= 0; --l)
+    timed(bwd[size_t(l + 1)], [&] {
+      if (p_.cfg.train.recompute) {
+        phase_ = Phase::Recompute;
+        layer_fwd(l, T);
+      }
+      phase_ = Phase::Backward;
+      layer_bwd(l, T);
+    });
+  timed(bwd[0], [&] {
+    set(kEmbedding, Phase::Backward);
+    mem(OpCategory::Other, T * H * (c_ + 4) + T * 8, d_.embedding_bw);
+  });
+
+  // Once per step: zero the gradients, read the losses, the optimizer.
+  repeat_ = 1;
+  set(kOptimizer, Phase::Backward);
+  const ModelLayout local = ModelLayout::build(ModelDims::from(p_.cfg, 0, p_.ep));
+  double grad_elems = 0;
+  for (const ParamDef& q : local.params) grad_elems += double(aligned_numel(q.numel()));
+  mem(OpCategory::Other, grad_elems * double(dtype_size(p_.run.grad)), d_.copy_bw);
+  sync();
+
+  double fwd_mb = 0, bwd_mb = 0;
+  for (int s = 0; s < segments; ++s) fwd_mb += fwd[size_t(s)], bwd_mb += bwd[size_t(s)];
+  // The last micro-batch's backward: when each segment's gradients are final (from its start).
+  std::vector<double> done(size_t(segments), 0);
+  double clock = 0;
+  for (int s = segments - 1; s >= 0; --s) done[size_t(s)] = (clock += bwd[size_t(s)]);
+  grad_sums(done, clock);
+  optimizer();
+
+  // The whole step: compute and exposed communication, then what it waits for the host update.
+  const double until_copy = (m - 1) * (fwd_mb + bwd_mb) + fwd_mb + bwd[size_t(segments - 1)];
+  host_update(fwd, until_copy);
+  double total = 0;
+  for (double s : st_.seconds) total += s;
+  st_.step = total + st_.host_exposed;
+  return st_;
+}
+
+}  // namespace
+
+StepTime predict_step_time(const Plan& plan) { return Model(plan).run(); }
+
+}  // namespace mop

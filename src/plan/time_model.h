@@ -1,0 +1,57 @@
+// The time model: one optimizer step of a plan on its machine, op by op as the Transformer issues
+// them — GEMM and attention FLOPs over the machine's measured rates (by GEMM size, rows per
+// expert, sequence length), memory-bound ops' bytes over their measured bandwidths, collectives'
+// bytes over the links' bus bandwidths — and the overlap rules of our schedule:
+//   - the compute stream runs every op in turn; its time is split into the log's categories
+//     (TimedOps: attention, dense GEMMs, experts, router/permute, LM head+loss, optimizer,
+//     communication, other);
+//   - collectives on the compute stream (Ulysses' all-to-alls, cp router counts, ZeRO weight
+//     broadcasts) are exposed;
+//   - the expert exchange in c chunks hides behind the experts but for the first dispatch and the
+//     last combine, and slows the experts it overlaps by link.overlap_slowdown;
+//   - ring attention's K/V passes hide behind each ring step's blocks, but for the final hop;
+//   - the data-parallel gradient sums run segment by segment on their own stream during the last
+//     micro-batch's backward; what is left when backward ends is exposed;
+//   - host-updated state: gradients go to the host during the last backward; the update starts
+//     once backward (and the clip norm) is done, in forward order; the next forward of a segment
+//     waits for its weights (simulated segment by segment); with two passes the state pass must
+//     end before the next step's gradient copies; the cheaper mode is taken, as the trainer does.
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "ops/timed_ops.h"
+
+namespace mop {
+
+struct Plan;
+
+// A component's share of the step (compute-stream seconds by phase, and what overlaps it).
+struct ComponentTime {
+  std::string name;
+  double forward = 0, backward = 0, recompute = 0;  // seconds per step (all micro-batches)
+  double comm_total = 0, comm_exposed = 0;          // its collectives: all of them, and exposed
+  double flops = 0;                                  // per step
+};
+
+struct StepTime {
+  std::array<double, kNumOpCategories> seconds{};  // compute stream by category (as the log)
+  std::vector<ComponentTime> components;
+  double host_update = 0;   // host AdamW until the new weights exist (s)
+  double host_state = 0;    // two passes: the state pass after it
+  double host_exposed = 0;  // what the step waits for the host update
+  bool host_two_pass = false;
+  double grad_to_host = 0, weights_to_device = 0;  // pinned copies per step (s, hidden or not)
+  double comm_total = 0;    // every collective's time, hidden or not
+  double step = 0;          // predicted step time (s)
+
+  double compute() const;   // the categories other than communication
+  double tokens_per_second(const Plan& plan) const;
+  double mfu(const Plan& plan) const;
+};
+
+StepTime predict_step_time(const Plan& plan);
+
+}  // namespace mop

@@ -1,0 +1,76 @@
+// The training step's schedule, in the order it runs.
+//   gradients():
+//     1. the gradients are zeroed;
+//     2. each micro-batch runs forward and backward; at each segment (model/params.h: embedding,
+//        layers, head) the model calls back
+//        - before its forward first reads the segment's weights: the previous step's host update
+//          of them must be done (HostPipeline::weights_ready);
+//        - after the last micro-batch's backward has written the segment's gradients: their
+//          data-parallel sums are issued (GradReducer; on GPUs on a stream of their own, overlapped
+//          with the backward of the earlier segments), and a host-updated segment's gradients go
+//          to the host once summed (HostPipeline::grads_final);
+//     3. the sums not issued yet; the compute stream waits for them;
+//     4. the losses are read (watched: a hung peer shows up here) and summed over the ranks.
+//   apply():
+//     5. the optimizer: global norm, clipping, non-finite check, the device-held state's AdamW;
+//     6. the host-held state's AdamW through the host pipeline (overlapped with the next step's
+//        forward with optim.overlap), or, when the step is skipped, its gradient copies dropped;
+//     7. ZeRO-1: each parameter's owner broadcasts its new weights.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "model/transformer.h"
+#include "ops/timed_ops.h"
+#include "optim/optimizer.h"
+#include "parallel/grad_reducer.h"
+#include "parallel/groups.h"
+#include "plan/plan.h"
+#include "schedule/host_pipeline.h"
+
+namespace mop {
+
+class StepSchedule {
+ public:
+  // Sets the model's segment hooks; builds the host pipeline for the optimizer's host params.
+  StepSchedule(const Plan& plan, Transformer& model, ParamStore& params, Optimizer& optim,
+               ParallelGroups& groups, TimedOps& timed);
+  ~StepSchedule();
+  StepSchedule(const StepSchedule&) = delete;
+  StepSchedule& operator=(const StepSchedule&) = delete;
+
+  // Steps 1–4 over `micro_batches` micro-batches (micro_batch(m) gives the m-th on the ops
+  // device). ce_scale weights each unmasked token's cross-entropy, aux_scale the router losses of
+  // a micro-batch. Returns the loss sums over all ranks.
+  LossTerms gradients(int micro_batches, const std::function<Batch(int)>& micro_batch,
+                      float ce_scale, float aux_scale);
+  // Steps 5–7.
+  StepReport apply(float lr);
+  // ZeRO-1: every weight from its owner (also after loading a checkpoint).
+  void broadcast_weights();
+  // Waits for the host pipeline's work (before the host-held state is read or saved).
+  void drain();
+  OffloadStats take_host_stats();
+  HostPipeline* host_pipeline() { return pipeline_.get(); }
+
+ private:
+  void segment_done(int segment);  // the last micro-batch's backward finished it
+  void reduce_segment(int segment);
+
+  const Plan& plan_;
+  Transformer& model_;
+  ParamStore& params_;
+  Optimizer& optim_;
+  ParallelGroups& groups_;
+  TimedOps& timed_;
+  std::unique_ptr<HostPipeline> pipeline_;
+  std::unique_ptr<GradReducer> reducer_;               // several ranks only
+  std::vector<std::vector<int>> segment_params_;       // parameters by segment
+  std::vector<bool> segment_reduced_;                  // this step's sums issued
+  std::vector<bool> segment_host_updated_;             // a host update reads its gradients
+  bool last_micro_batch_ = false;  // gradients become final in this backward
+};
+
+}  // namespace mop
