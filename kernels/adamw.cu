@@ -4,7 +4,7 @@
 // the result equals the CPU reference bit for bit (both are IEEE with subnormals kept).
 #include <algorithm>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "kernels/adamw.cuh"
 #include "kernels/elementwise.cuh"
 

@@ -4,7 +4,7 @@
 // 4 B read + 4 B written per accumulator element and 2 B read of o.
 #include <cmath>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "kernels/attention_merge.cuh"
 
 namespace mop::kernels {

@@ -3,7 +3,7 @@
 // (V = 151936 is), scalar loads otherwise.
 #include <cstring>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "kernels/cross_entropy.cuh"
 
 namespace mop::kernels {

@@ -3,7 +3,7 @@
 // the tail and for misaligned views; SwiGLU runs one warp per row so no index is divided.
 #include <algorithm>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "kernels/elementwise.cuh"
 
 namespace mop::kernels {

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cub/device/device_radix_sort.cuh>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "kernels/elementwise.cuh"
 #include "kernels/embedding.cuh"
 

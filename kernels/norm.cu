@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "kernels/elementwise.cuh"
 #include "kernels/norm.cuh"
 

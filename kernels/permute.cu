@@ -18,7 +18,7 @@
 #include <initializer_list>
 #include <type_traits>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "core/error.h"
 
 namespace mop::kernels {

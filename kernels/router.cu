@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "core/error.h"
 
 namespace mop::kernels {

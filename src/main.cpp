@@ -68,6 +68,12 @@ int main(int argc, char** argv) {
   pl->add_flag("--json", plan.json, "Print JSON instead of text");
   pl->add_option("--top", plan.top, "--search: how many plans to list")->check(CLI::Range(1, 1 << 20));
 
+  mop::CalibrateArgs cal;
+  auto* ca = app.add_subcommand("calibrate", "Measure this machine (GEMMs, attention, memory-bound ops, copies, host AdamW, collectives under mpirun) into a machine file for mop plan");
+  ca->add_option("-o,--out", cal.out, "Machine file (YAML) to write; default: print it");
+  ca->add_option("--device", cal.device, "auto (the GPU when there is one), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+
   mop::PrepareDataArgs prep;
   auto* p = app.add_subcommand("prepare-data", "Turn text files into a byte-level token shard (Megatron .bin/.idx)");
   p->add_option("-i,--input", prep.inputs, "Text files")->required();
@@ -135,6 +141,9 @@ int main(int argc, char** argv) {
       rc = mop::cmd_validate(validate);
     } else if (*pl) {
       rc = mop::cmd_plan(plan);
+    } else if (*ca) {
+      world = mop::World::init(&argc, &argv);
+      rc = mop::cmd_calibrate(cal, world);
     } else if (*p) {
       rc = mop::cmd_prepare_data(prep);
     } else if (*g) {

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "core/dtype.h"
 
 namespace mop {

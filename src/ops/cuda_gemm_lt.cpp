@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 
 namespace mop {
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 
 namespace mop {
 

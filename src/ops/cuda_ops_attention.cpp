@@ -11,7 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "kernels/attention_merge.cuh"
 #include "ops/cuda_attention_cudnn.h"
 #include "ops/cuda_attention_len1.h"

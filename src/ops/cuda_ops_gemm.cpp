@@ -13,7 +13,7 @@
 #include <cstring>
 #include <vector>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "kernels/cross_entropy.cuh"
 #include "ops/cuda_gemm_lt.h"
 #include "ops/cuda_ops.h"

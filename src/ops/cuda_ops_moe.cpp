@@ -7,7 +7,7 @@
 #include <initializer_list>
 #include <memory>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "kernels/permute.cuh"
 #include "kernels/router.cuh"
 #include "ops/cuda_ops.h"

@@ -10,7 +10,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "kernels/adamw.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/embedding.cuh"

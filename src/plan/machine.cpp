@@ -130,11 +130,12 @@ RateTable tab(std::initializer_list<std::pair<double, double>> pts, double unit)
   return t;
 }
 
-// One node of 8 H200s (141 GB HBM3e each, NVLink 4, one NDR 400 Gb/s NIC per GPU) with a 16-core
-// host of 125 GiB, as measured on the H200 machine (README "The plan"; `mop calibrate` there
-// wrote these device, host and copy figures). The network and 8-GPU NVLink figures are not
-// measured here: NVLink from nccl-tests' published H100/H200 figures, the network at 90% of a
-// 400 Gb/s link.
+// One node of 8 H200s (141 GB HBM3e each, NVLink 4, one NDR 400 Gb/s NIC per GPU) with 2 TiB of
+// host memory and 112 cores. The device and PCIe figures are what `mop calibrate` measured on one
+// H200 of the H200 machine (README "The plan"). Not measured here: the 8-GPU NVLink collectives
+// (nccl-tests' published H100/H200 bus bandwidths), the network (90% of a 400 Gb/s link per GPU),
+// and a full node's host: its per-rank AdamW rates are the 16-core, 146 GB/s slice we measured
+// scaled to an eighth of a two-socket node's ~450 GB/s.
 Machine h200() {
   Machine m;
   m.name = "h200";
@@ -169,7 +170,7 @@ Machine h200() {
   d.workspace_bytes = 0.8 * kGiB;
   d.workspace_bytes_per_token = 4096;
   d.comm_buffer_bytes = 0.1 * kGiB;
-  m.host = {125 * kGiB, 16, 0.9, 5.2e9, 7.8e9, 5.7e9, 0.6, 150e9};
+  m.host = {2048 * kGiB, 112, 0.9, 2.0e9, 3.0e9, 2.2e9, 0.6, 56e9};
   LinkSpec& l = m.link;
   l.h2d = 55e9, l.d2h = 55e9, l.both = 100e9;
   l.node_all_reduce = 450e9, l.node_all_to_all = 300e9, l.node_send_recv = 350e9;

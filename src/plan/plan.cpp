@@ -177,50 +177,49 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
 std::string plan_overflow(const Plan& p, std::string* what) {
   const MemoryPlan& m = p.memory;
   const Machine& mc = p.machine;
-  const double gib = 1024.0 * 1024.0 * 1024.0;
-  auto fmt = [&](double b) { return format_bytes(b); };
+  auto fmt = [](double b) { return format_bytes(b); };
   const bool gpu = p.run.device != Device::CPU;
   const int per_node = std::min(mc.gpus_per_node, p.world);
-  if (gpu && double(m.device_total()) > mc.device.memory_bytes) {
+  // A device keeps its reserve free (allocator slack, plans its libraries build lazily).
+  const double capacity = mc.device.memory_bytes - mc.device.reserve_bytes;
+  if (gpu && double(m.device_total()) > capacity) {
     // Name the class that dominates and what shrinks it.
     struct Part {
       const char* what;
       size_t bytes;
-      const char* fix;
+      std::string fix;
     };
     std::string act_fix = "lower data.seq_len or train.micro_batch_size, raise parallel.attention.cp";
     if (!p.cfg.train.recompute) act_fix += ", or set train.recompute: true";
     const Part parts[] = {
-        {"activations", m.activations, act_fix.c_str()},
+        {"activations", m.activations, act_fix},
         {"weights and gradients", m.weights + m.grads, "raise parallel.moe.ep to shard the experts"},
-        {"optimizer state", m.optimizer_state,
+        {"optimizer state", m.optimizer_state + m.host_grad_staging,
          "set optim.state_placement: auto or host, parallel.zero: true, or raise parallel.moe.ep"},
         {"backend workspaces", m.workspaces, "lower train.lm_head_chunk"},
     };
     const Part* big = &parts[0];
     for (const Part& q : parts)
       if (q.bytes > big->bytes) big = &q;
-    const double tokens = double(p.cfg.train.micro_batch_size) * p.local_seq;
     if (what) *what = std::string(device_name(p.run.device)) + " memory: " + big->what;
-    return std::string("the plan needs ") + fmt(double(m.device_total())) + " of " +
-           device_name(p.run.device).data() + " memory per rank, but " + mc.name + " has " +
-           fmt(mc.device.memory_bytes) + ": " + big->what + " " + fmt(double(big->bytes)) +
-           (big == &parts[0] ? " (one micro-batch of " + std::to_string(p.cfg.train.micro_batch_size) +
-                                   " × " + std::to_string(p.local_seq) + " tokens per rank, " +
-                                   std::to_string(int64_t(tokens)) + " tokens)"
-                             : std::string()) +
-           ", weights and gradients " + fmt(double(m.weights + m.grads)) + ", optimizer state " +
-           fmt(double(m.optimizer_state + m.host_grad_staging)) + ", workspaces " +
-           fmt(double(m.workspaces)) + ". To fit, " + big->fix;
+    const int64_t tokens = p.cfg.train.micro_batch_size * p.local_seq;
+    return "the plan needs " + fmt(double(m.device_total())) + " of " + std::string(device_name(p.run.device)) +
+           " memory per rank, but " + mc.name + " has " + fmt(capacity) + " (" +
+           fmt(mc.device.memory_bytes) + " less a reserve of " + fmt(mc.device.reserve_bytes) +
+           "): activations " + fmt(double(m.activations)) + " (one micro-batch of " +
+           std::to_string(p.cfg.train.micro_batch_size) + " × " + std::to_string(p.local_seq) +
+           " tokens per rank, " + std::to_string(tokens) + " tokens), weights and gradients " +
+           fmt(double(m.weights + m.grads)) + ", optimizer state " +
+           fmt(double(m.optimizer_state + m.host_grad_staging)) + ", workspaces " + fmt(double(m.workspaces)) +
+           ". The largest is the " + big->what + "; to fit, " + big->fix;
   }
   const double host_need = gpu ? double(m.host_total()) * per_node
                                : double(m.device_total() + m.host_total()) * per_node;
   const double host_have = gpu ? mc.host.memory_bytes * mc.host.pinned_fraction : mc.host.memory_bytes;
   if (host_need > host_have) {
-    (void)gib;
     if (what) *what = "host memory";
-    return std::string("the plan needs ") + fmt(host_need) + " of host memory per node (" +
-           std::to_string(per_node) + " rank(s) × " + fmt(host_need / per_node) +
+    return "the plan needs " + fmt(host_need) + " of host memory per node (" + std::to_string(per_node) +
+           " rank(s) × " + fmt(host_need / per_node) +
            (gpu ? ": optimizer state " + fmt(double(m.host_optimizer_state)) + ", staging " +
                       fmt(double(m.host_staging))
                 : std::string()) +

@@ -6,7 +6,7 @@
 #include <exception>
 #include <string>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "parallel/mpi_check.h"
 #include "runtime/nccl_check.h"
 

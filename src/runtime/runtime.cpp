@@ -13,7 +13,7 @@
 #ifdef MOP_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #endif
 
 namespace mop {
@@ -227,6 +227,14 @@ void select_gpu(int index) {
 #else
   MOP_CHECK(false, "select_gpu(", index, ") in a binary built without CUDA (MOP_CUDA=OFF)");
 #endif
+}
+
+std::string gpu_name() {
+#ifdef MOP_HAVE_CUDA
+  cudaDeviceProp prop{};
+  if (gpu_count() > 0 && cudaGetDeviceProperties(&prop, current_gpu()) == cudaSuccess) return prop.name;
+#endif
+  return "";
 }
 
 int current_gpu() {

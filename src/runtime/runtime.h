@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "core/memory.h"
 #include "core/tensor.h"
@@ -104,5 +105,6 @@ bool cuda_built();
 int gpu_count();
 void select_gpu(int index);
 int current_gpu();
+std::string gpu_name();  // the current GPU's product name ("" without one)
 
 }  // namespace mop

@@ -38,6 +38,13 @@ struct PlanArgs {
 };
 int cmd_plan(const PlanArgs& args);
 
+struct CalibrateArgs {
+  std::string out;              // machine file to write; empty: stdout
+  std::string device = "auto";  // auto | cpu | cuda
+};
+// Measures this machine (every rank of the job at once) and writes a machine file (calibrate.cpp).
+int cmd_calibrate(const CalibrateArgs& args, World& world);
+
 struct PrepareDataArgs {
   std::vector<std::string> inputs;
   std::string output;

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "bench.h"
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "core/rng.h"
 #include "gpu/gpu_test_util.h"
 #include "ops/cuda_ops.h"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "core/memory.h"
 #include "ops/cuda_ops.h"
 

@@ -12,10 +12,10 @@
 #include <cstring>
 
 #include "bench.h"
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "core/memory.h"
 #include "optim/host_adamw.h"
-#include "optim/host_adamw_bench_state.h"
+#include "optim/host_adamw_bench.h"
 
 namespace mop::bench {
 namespace {
@@ -70,7 +70,7 @@ struct Copies {
 MOP_BENCH("host: AdamW and PCIe copies, alone and together") {
   constexpr int64_t kParams = 500'000'000;
   constexpr double kBytesPerParam = 28;
-  test::HostAdamWBenchState state(kParams, MemKind::Pinned);
+  HostAdamWBenchState state(kParams, MemKind::Pinned);
   const HostAdamWRange& r = state.r;
   AdamWArgs args;
   args.lr = 1e-4f;

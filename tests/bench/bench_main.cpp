@@ -8,7 +8,7 @@
 
 #include <algorithm>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "core/memory.h"
 
 namespace mop::bench {

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "bench.h"
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "gpu/moe_test_util.h"
 #include "ops/cuda_ops.h"
 

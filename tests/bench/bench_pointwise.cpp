@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "bench.h"
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "core/rng.h"
 #include "gpu/pointwise_test_util.h"
 #include "ops/cuda_ops.h"

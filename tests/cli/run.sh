@@ -82,6 +82,25 @@ expect 2 "no training data" -- train --config good.yaml --set 'data.paths=[]'
 expect 2 "corpus-missing.txt" -- prepare-data --input corpus-missing.txt --output data/x
 expect 2 "train.device: cuda" -- train --config good.yaml --set train.device=cuda
 
+# The plan: per component, memory and time; the search; JSON; machine files; train.plan: auto.
+expect 0 "MFU" -- plan --config good.yaml
+expect 0 "MFU" -- plan --config "$src/configs/q3moe-8l.yaml"
+expect 0 "the best plan" -- plan --config "$src/configs/q3moe-8l.yaml" --gpus 8 --search --top 3
+"$mop" plan --config "$src/configs/q3moe-8l.yaml" --json > plan.json 2>&1
+python3 -c "import json,sys; d=json.load(open('plan.json')); sys.exit(0 if d['time']['step'] > 0 and d['memory']['device_total'] > 0 else 1)" \
+  || { echo "FAIL: mop plan --json is not a plan"; failures=$((failures + 1)); }
+expect 2 "The largest is the activations; to fit" -- plan --config "$src/configs/q3moe-8l.yaml" --set data.seq_len=131072 --set train.global_batch_size=1
+expect 2 "no plan fits" -- plan --config "$src/configs/moe-1t.yaml" --machine "$src/configs/machines/h200-12-nodes.yaml" --search --top 1
+expect 0 "wrote machine.yaml" -- calibrate --device cpu --out machine.yaml
+expect 0 "MFU" -- plan --config good.yaml --machine machine.yaml --set train.device=cpu
+printf 'device: {memroy_gib: 1}\n' > bad_machine.yaml
+expect 2 "bad_machine.yaml:1: device.memroy_gib: unknown key" -- plan --config good.yaml --machine bad_machine.yaml
+expect 2 "machine file nowhere.yaml not found" -- plan --config good.yaml --machine nowhere.yaml
+expect 2 "'sometimes' is not one of config or auto" -- plan --config good.yaml --set train.plan=sometimes
+expect 0 "done at step 2" -- train --config good.yaml --set train.plan=auto --set train.steps=2 --set checkpoint.dir=ckpt_auto
+grep -q 'plan: "config"' ckpt_auto/config.resolved.yaml \
+  || { echo "FAIL: train.plan: auto did not write the chosen plan into config.resolved.yaml"; failures=$((failures + 1)); }
+
 # Train, checkpoint, resume, generate.
 expect 0 "done at step 4" -- train --config good.yaml
 test -f ckpt/step_4/manifest.json || { echo "FAIL: no checkpoint written"; failures=$((failures + 1)); }

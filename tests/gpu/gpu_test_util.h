@@ -9,7 +9,7 @@
 
 #include <cstring>
 
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "core/memory.h"
 #include "ops/cuda_ops.h"
 #include "test_util.h"

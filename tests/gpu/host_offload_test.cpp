@@ -11,7 +11,7 @@
 
 #include "catch.h"
 #include "config/config.h"
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "data/prepare_data.h"
 #include "gpu/gpu_test_util.h"
 #include "ops/cuda_ops.h"

@@ -25,7 +25,7 @@
 #include "core/memory.h"
 #include "ops/ops_test_util.h"
 #include "optim/host_adamw.h"
-#include "optim/host_adamw_bench_state.h"
+#include "optim/host_adamw_bench.h"
 
 using namespace mop;
 using namespace mop::test;

@@ -13,7 +13,7 @@
 #include <cstdio>
 
 #include "catch.h"
-#include "core/cuda_check.h"
+#include "runtime/cuda_check.h"
 #include "gpu/gpu_test_util.h"
 #include "runtime/nccl_comm.h"
 #include "parallel/expert_dispatch.h"

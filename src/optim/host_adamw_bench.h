@@ -1,8 +1,9 @@
-// Optimizer state for the host AdamW benchmarks (mop_tests "[host_adamw]", mop_bench host): n
-// parameters' fp32 master, m, v, bf16 gradient and bf16 weights in one kind of host memory, and the
-// range over them; fill() writes typical magnitudes from a cheap hash (philox per element would
-// dominate the setup time) on a pool, so each page lands near the thread that updates it;
-// validate() checks the engine against the reference on the first elements before timing.
+// Optimizer state for the host AdamW benchmarks (mop_tests "[host_adamw]", mop_bench host,
+// mop calibrate): n parameters' fp32 master, m, v, bf16 gradient and bf16 weights in one kind of
+// host memory, and the range over them; fill() writes typical magnitudes from a cheap hash
+// (philox per element would dominate the setup time) on a pool, so each page lands near the
+// thread that updates it; validate() checks the engine against the reference on the first
+// elements before timing.
 #pragma once
 
 #include <algorithm>
@@ -16,7 +17,7 @@
 #include "ops/ops.h"
 #include "optim/host_adamw.h"
 
-namespace mop::test {
+namespace mop {
 
 struct HostAdamWBenchState {
   Buffer master, m, v, grad, weights;
@@ -76,4 +77,4 @@ struct HostAdamWBenchState {
   }
 };
 
-}  // namespace mop::test
+}  // namespace mop
