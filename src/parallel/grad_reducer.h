@@ -1,4 +1,4 @@
-// GradReducer: the data-parallel gradient sums, issued stage by stage as backward finishes them.
+// GradReducer: the data-parallel gradient sums, issued segment by segment as backward finishes them.
 // Dense gradients are summed over all ranks, expert gradients over the ranks holding the same
 // experts (edp). On the GPU the sums run on their own stream, through their own NCCL
 // communicators, after the compute issued so far: they overlap with the backward of the earlier

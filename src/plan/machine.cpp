@@ -84,8 +84,8 @@ const std::vector<Field>& fields() {
       {"device.attention_bwd_tflops", Kind::Table, 1e12, dtab(&D::attention_bwd), "causal, by sequence"},
       {"device.attention_block_fwd_tflops", Kind::Table, 1e12, dtab(&D::attention_block_fwd), "non-causal"},
       {"device.attention_block_bwd_tflops", Kind::Table, 1e12, dtab(&D::attention_block_bwd), "non-causal"},
-      {"device.lm_head_fwd_tflops", Kind::Number, 1e12, dev(&D::lm_head_fwd_flops), ""},
-      {"device.lm_head_bwd_tflops", Kind::Number, 1e12, dev(&D::lm_head_bwd_flops), ""},
+      {"device.lm_head_fwd_tflops", Kind::Table, 1e12, dtab(&D::lm_head_fwd), "by chunk tokens"},
+      {"device.lm_head_bwd_tflops", Kind::Table, 1e12, dtab(&D::lm_head_bwd), "by chunk tokens"},
       {"device.copy_gbps", Kind::Number, 1e9, dev(&D::copy_bw), ""},
       {"device.norm_gbps", Kind::Number, 1e9, dev(&D::norm_bw), ""},
       {"device.rope_gbps", Kind::Number, 1e9, dev(&D::rope_bw), ""},
@@ -134,8 +134,9 @@ RateTable tab(std::initializer_list<std::pair<double, double>> pts, double unit)
 // host memory and 112 cores. The device and PCIe figures are what `mop calibrate` measured on one
 // H200 of the H200 machine (README "The plan"). Not measured here: the 8-GPU NVLink collectives
 // (nccl-tests' published H100/H200 bus bandwidths), the network (90% of a 400 Gb/s link per GPU),
-// and a full node's host: its per-rank AdamW rates are the 16-core, 146 GB/s slice we measured
-// scaled to an eighth of a two-socket node's ~450 GB/s.
+// and a full node's host: its per-rank AdamW rates are those we measured on a 16-core slice
+// (5.3 / 8.2 / 5.8 G params/s) scaled by 0.4, an eighth of a two-socket node's ~450 GB/s against
+// the slice's ~140 GB/s. The H200 machine's own figures: configs/machines/h200-1gpu.yaml.
 Machine h200() {
   Machine m;
   m.name = "h200";
@@ -144,35 +145,33 @@ Machine h200() {
   DeviceSpec& d = m.device;
   d.kind = Device::CUDA;
   d.name = "NVIDIA H200";
-  d.memory_bytes = 139.3 * kGiB;
+  d.memory_bytes = 139.29 * kGiB;
   d.reserve_bytes = 2 * kGiB;
   d.peak_flops = 989e12;
-  d.gemm_fwd = tab({{1e9, 180}, {1e10, 450}, {1e11, 680}, {1e12, 760}, {1e13, 790}}, 1e12);
-  d.gemm_dgrad = d.gemm_fwd;
-  d.gemm_wgrad = tab({{1e9, 150}, {1e10, 400}, {1e11, 640}, {1e12, 740}, {1e13, 780}}, 1e12);
-  d.grouped_fwd = tab({{64, 110}, {128, 190}, {256, 300}, {512, 420}, {1024, 500}, {4096, 600}}, 1e12);
-  d.grouped_dgrad = tab({{64, 110}, {128, 190}, {256, 307}, {512, 420}, {1024, 500}, {4096, 600}}, 1e12);
-  d.grouped_wgrad = tab({{64, 40}, {128, 70}, {256, 130}, {512, 250}, {1024, 380}, {4096, 550}}, 1e12);
-  d.grouped_shape = "E=32 K=2048 N=1536";
-  d.attention_fwd = tab({{1024, 380}, {4096, 546}, {16384, 620}, {65536, 640}}, 1e12);
-  d.attention_bwd = tab({{1024, 300}, {4096, 434}, {16384, 480}, {65536, 500}}, 1e12);
-  d.attention_block_fwd = tab({{1024, 450}, {4096, 600}, {16384, 640}}, 1e12);
-  d.attention_block_bwd = tab({{1024, 350}, {4096, 470}, {16384, 500}}, 1e12);
-  d.lm_head_fwd_flops = 700e12;
-  d.lm_head_bwd_flops = 720e12;
-  d.copy_bw = d.norm_bw = d.rope_bw = d.swiglu_bw = 3.2e12;
-  d.permute_bw = d.router_bw = 2.5e12;
-  d.embedding_bw = 1.5e12;
-  d.adamw_bw = 4.0e12;
-  d.reduce_bw = 3.0e12;
-  d.launch_seconds = 4e-6;
-  d.sync_seconds = 25e-6;
-  d.workspace_bytes = 0.8 * kGiB;
-  d.workspace_bytes_per_token = 4096;
+  d.gemm_fwd = tab({{2.68435e+08, 23}, {2.14748e+09, 184}, {1.71799e+10, 651}, {1.37439e+11, 767}, {1.09951e+12, 773}}, 1e12);
+  d.gemm_dgrad = tab({{2.68435e+08, 24}, {2.14748e+09, 195}, {1.71799e+10, 655}, {1.37439e+11, 772}, {1.09951e+12, 691}}, 1e12);
+  d.gemm_wgrad = tab({{2.68435e+08, 25}, {2.14748e+09, 194}, {1.71799e+10, 590}, {1.37439e+11, 707}, {1.09951e+12, 661}}, 1e12);
+  d.grouped_fwd = tab({{64, 171}, {128, 229}, {256, 268}, {512, 255}, {1024, 482}, {2048, 651}}, 1e12);
+  d.grouped_dgrad = tab({{64, 175}, {128, 226}, {256, 254}, {512, 244}, {1024, 485}, {2048, 626}}, 1e12);
+  d.grouped_wgrad = tab({{64, 30}, {128, 72}, {256, 129}, {512, 246}, {1024, 458}, {2048, 573}}, 1e12);
+  d.grouped_shape = "E=128 H=2048 F=768, gate/up and down";
+  d.attention_fwd = tab({{1024, 268}, {4096, 541}, {16384, 665}, {65536, 609}, {131072, 572}}, 1e12);
+  d.attention_bwd = tab({{1024, 189}, {4096, 438}, {16384, 547}, {65536, 543}, {131072, 531}}, 1e12);
+  d.attention_block_fwd = tab({{1024, 520}, {4096, 675}, {16384, 697}, {32768, 664}}, 1e12);
+  d.attention_block_bwd = tab({{1024, 360}, {4096, 558}, {16384, 557}, {32768, 545}}, 1e12);
+  d.lm_head_fwd = tab({{1024, 609}, {4096, 629}}, 1e12);
+  d.lm_head_bwd = tab({{1024, 573}, {4096, 635}}, 1e12);
+  d.copy_bw = 4.20e12, d.norm_bw = 2.64e12, d.rope_bw = 3.87e12, d.swiglu_bw = 4.10e12;
+  d.permute_bw = 4.55e12, d.router_bw = 0.763e12, d.embedding_bw = 1.44e12;
+  d.adamw_bw = 4.01e12, d.reduce_bw = 4.20e12;
+  d.launch_seconds = 4.7e-6;
+  d.sync_seconds = 9.5e-6;
+  d.workspace_bytes = 0.104 * kGiB;
+  d.workspace_bytes_per_token = 32921;
   d.comm_buffer_bytes = 0.1 * kGiB;
-  m.host = {2048 * kGiB, 112, 0.9, 2.0e9, 3.0e9, 2.2e9, 0.6, 56e9};
+  m.host = {2048 * kGiB, 112, 0.9, 2.1e9, 3.2e9, 2.3e9, 0.61, 56e9};
   LinkSpec& l = m.link;
-  l.h2d = 55e9, l.d2h = 55e9, l.both = 100e9;
+  l.h2d = 55.5e9, l.d2h = 55.3e9, l.both = 101.7e9;
   l.node_all_reduce = 450e9, l.node_all_to_all = 300e9, l.node_send_recv = 350e9;
   l.node_latency = 20e-6;
   l.net_all_reduce = 45e9, l.net_all_to_all = 40e9, l.net_send_recv = 45e9, l.net_latency = 30e-6;
@@ -192,24 +191,25 @@ Machine cpu() {
   d.name = "CPU backend";
   d.memory_bytes = 22 * kGiB;
   d.reserve_bytes = 1 * kGiB;
-  d.peak_flops = 100e9;
-  d.gemm_fwd = tab({{1e6, 5}, {1e8, 20}, {1e10, 30}}, 1e9);
-  d.gemm_dgrad = d.gemm_fwd;
-  d.gemm_wgrad = d.gemm_fwd;
-  d.grouped_fwd = tab({{16, 10}, {256, 25}}, 1e9);
-  d.grouped_dgrad = d.grouped_fwd;
-  d.grouped_wgrad = d.grouped_fwd;
-  d.grouped_shape = "E=8 K=128 N=512";
-  d.attention_fwd = tab({{64, 3}, {1024, 5}}, 1e9);
-  d.attention_bwd = d.attention_fwd;
-  d.attention_block_fwd = d.attention_fwd;
-  d.attention_block_bwd = d.attention_fwd;
-  d.lm_head_fwd_flops = d.lm_head_bwd_flops = 10e9;
-  d.copy_bw = d.norm_bw = d.rope_bw = d.swiglu_bw = d.permute_bw = d.router_bw = 5e9;
-  d.embedding_bw = d.adamw_bw = d.reduce_bw = 5e9;
-  d.launch_seconds = 1e-6;
+  d.peak_flops = 80e9;
+  d.gemm_fwd = tab({{65536, 9.4}, {524288, 26.4}, {4.1943e+06, 50.5}, {3.35544e+07, 80.0}}, 1e9);
+  d.gemm_dgrad = tab({{65536, 29.3}, {524288, 79.2}, {4.1943e+06, 111.8}, {3.35544e+07, 133.2}}, 1e9);
+  d.gemm_wgrad = tab({{65536, 12.1}, {524288, 46.8}, {4.1943e+06, 88.4}, {3.35544e+07, 108.9}}, 1e9);
+  d.grouped_fwd = tab({{16, 7.3}, {64, 24.7}, {256, 57.4}}, 1e9);
+  d.grouped_dgrad = tab({{16, 30.8}, {64, 70.3}, {256, 101.6}}, 1e9);
+  d.grouped_wgrad = tab({{16, 16.4}, {64, 38.4}, {256, 58.5}}, 1e9);
+  d.grouped_shape = "E=8 H=64 F=32, gate/up and down";
+  d.attention_fwd = tab({{64, 22.9}, {256, 34.4}}, 1e9);
+  d.attention_bwd = tab({{64, 26.7}, {256, 48.2}}, 1e9);
+  d.attention_block_fwd = tab({{64, 30.6}, {256, 34.9}}, 1e9);
+  d.attention_block_bwd = tab({{64, 41.3}, {256, 45.4}}, 1e9);
+  d.lm_head_fwd = tab({{64, 28.2}}, 1e9);
+  d.lm_head_bwd = tab({{64, 52.2}}, 1e9);
+  d.copy_bw = 45e9, d.norm_bw = 17e9, d.rope_bw = 8.5e9, d.swiglu_bw = 8.3e9, d.permute_bw = 138e9;
+  d.router_bw = 1.35e9, d.embedding_bw = 44e9, d.adamw_bw = 4.1e9, d.reduce_bw = 4.9e9;
+  d.launch_seconds = 0;
   d.sync_seconds = 0;
-  m.host = {23 * kGiB, 2, 0.9, 0.3e9, 0.4e9, 0.3e9, 1, 10e9};
+  m.host = {23.5 * kGiB, 2, 0.9, 2.1e9, 2.3e9, 3.2e9, 1, 28e9};
   LinkSpec& l = m.link;
   l.h2d = l.d2h = l.both = 10e9;
   l.node_all_reduce = l.node_all_to_all = l.node_send_recv = 2e9;

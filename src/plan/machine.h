@@ -37,7 +37,8 @@ struct DeviceSpec {
   // Attention (FLOP/s, heads × 128) by sequence length: causal forward / backward, and the
   // non-causal blocks of ring attention.
   RateTable attention_fwd, attention_bwd, attention_block_fwd, attention_block_bwd;
-  double lm_head_fwd_flops = 0, lm_head_bwd_flops = 0;  // the fused LM head + loss (FLOP/s)
+  // The fused LM head + loss (FLOP/s) by its chunk of tokens (train.lm_head_chunk).
+  RateTable lm_head_fwd, lm_head_bwd;
   // Memory-bound ops: effective bytes/s (read + written) of each family.
   double copy_bw = 0, norm_bw = 0, rope_bw = 0, swiglu_bw = 0, permute_bw = 0, router_bw = 0,
          embedding_bw = 0, adamw_bw = 0, reduce_bw = 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 
 #include "core/error.h"
@@ -67,6 +68,14 @@ double Plan::model_flops_per_step() const {
 }
 
 namespace {
+
+std::string count_text(double n) {
+  char buf[32];
+  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", n / 1e9);
+  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f", n);
+  return buf;
+}
 
 // ZeRO-1 owners: largest parameter first onto the least-loaded rank of the group that replicates
 // it (dense: every rank; experts: the edp group), the same order and result on every rank.
@@ -291,7 +300,8 @@ Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_
     for (bool h : p.segment_on_host) host_segments += h;
     p.notes.push_back("optimizer state (" + cfg.optim.state_placement + "): " +
                       std::to_string(host_segments) + " of " + std::to_string(p.segment_on_host.size()) +
-                      " segments in host memory (" + std::to_string(p.host_params) + " parameters)");
+                      " segments in host memory (" + count_text(double(p.host_params)) +
+                      " parameters, all ranks)");
   }
 
   // The rank that needs the most device memory (ZeRO owners differ).

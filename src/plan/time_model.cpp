@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "model/params.h"
+#include "plan/op_bytes.h"
 #include "plan/plan.h"
 
 namespace mop {
@@ -112,7 +113,7 @@ class Model {
 
   // ---- the model's ops -----------------------------------------------------------------------
   void norm(double rows, double cols, bool backward) {
-    mem(OpCategory::Other, rows * cols * c_ * (backward ? 3 : 2) + rows * 4, d_.norm_bw);
+    mem(OpCategory::Other, op_bytes::norm(rows, cols, c_, backward), d_.norm_bw);
   }
   void ulysses(double width, int times);
   void attention_fwd(double T);
@@ -148,9 +149,9 @@ const char* kCompNames[kNumComp] = {"embedding", "attention", "router", "experts
 void Model::ulysses(double width, int times) {
   const double T = double(p_.cfg.train.micro_batch_size) * p_.local_seq;
   for (int i = 0; i < times; ++i) {
-    mem(OpCategory::RouterPermute, 2 * T * width * c_, d_.permute_bw);
+    mem(OpCategory::RouterPermute, op_bytes::gather(T, width, c_), d_.permute_bw);
     exposed_comm(all_to_all(T * width * c_, cp_group_));
-    mem(OpCategory::RouterPermute, 2 * T * width * c_, d_.permute_bw);
+    mem(OpCategory::RouterPermute, op_bytes::gather(T, width, c_), d_.permute_bw);
   }
 }
 
@@ -209,13 +210,13 @@ void Model::ffn(double T, double F, bool backward) {
   const double H = double(p_.dims.hidden);
   if (!backward) {
     gemm(T, 2 * F, H, Pass::Fwd);
-    mem(OpCategory::Experts, T * 3 * F * c_, d_.swiglu_bw);
+    mem(OpCategory::Experts, op_bytes::swiglu(T, F, c_, false), d_.swiglu_bw);
     gemm(T, H, F, Pass::Fwd);
     return;
   }
   gemm(T, F, H, Pass::Dgrad);
   gemm(H, F, T, Pass::Wgrad);
-  mem(OpCategory::Experts, T * 5 * F * c_, d_.swiglu_bw);
+  mem(OpCategory::Experts, op_bytes::swiglu(T, F, c_, true), d_.swiglu_bw);
   gemm(T, H, 2 * F, Pass::Dgrad);
   gemm(2 * F, H, T, Pass::Wgrad);
 }
@@ -234,19 +235,19 @@ void Model::experts(double T, bool backward) {
   const double before = st_.seconds[size_t(OpCategory::Experts)];
   if (!backward) {
     grouped(rows, 2 * F, H, Pass::Fwd, slowdown);
-    mem(OpCategory::Experts, rows * 3 * F * c_, d_.swiglu_bw);
+    mem(OpCategory::Experts, op_bytes::swiglu(rows, F, c_, false), d_.swiglu_bw);
     grouped(rows, H, F, Pass::Fwd, slowdown);
   } else {
     grouped(rows, F, H, Pass::Dgrad, slowdown);
     grouped(rows, H, F, Pass::Wgrad, slowdown);
-    mem(OpCategory::Experts, rows * 5 * F * c_, d_.swiglu_bw);
+    mem(OpCategory::Experts, op_bytes::swiglu(rows, F, c_, true), d_.swiglu_bw);
     grouped(rows, H, 2 * F, Pass::Dgrad, slowdown);
     grouped(rows, 2 * F, H, Pass::Wgrad, slowdown);
   }
   if (p_.ep > 1) {
     const double experts_time = (st_.seconds[size_t(OpCategory::Experts)] - before) / repeat_;
     // Gathers into and out of expert-major order, and the counts' host all-to-all (forward).
-    mem(OpCategory::RouterPermute, 4 * rows * H * c_, d_.permute_bw);
+    mem(OpCategory::RouterPermute, 2 * op_bytes::gather(rows, H, c_), d_.permute_bw);
     if (!backward) exposed_comm(l_.node_latency + d_.sync_seconds);
     const double c = std::min<double>(p_.moe_chunks, double(d.experts / p_.ep));
     const double exposed = exchange / c + std::max(0.0, exchange * (1 - 1 / c) - experts_time);
@@ -259,12 +260,12 @@ void Model::moe_fwd(double T) {
   const double H = double(d.hidden), E = double(d.experts), K = double(d.top_k);
   set(kRouter, phase_);
   gemm(T, E, H, Pass::Fwd);
-  mem(OpCategory::RouterPermute, T * E * 8 + T * K * 8, d_.router_bw);
+  mem(OpCategory::RouterPermute, op_bytes::router(T, E, K), d_.router_bw);
   mem(OpCategory::RouterPermute, T * K * 16, d_.permute_bw);
   sync();  // the group sizes go to the host
   if (p_.cp > 1) exposed_comm(all_reduce(E * 4, cp_group_));
   mem(OpCategory::RouterPermute, T * E * 4, d_.router_bw);
-  mem(OpCategory::RouterPermute, 2 * T * K * H * c_, d_.permute_bw);
+  mem(OpCategory::RouterPermute, op_bytes::gather(T * K, H, c_), d_.permute_bw);
   set(kExperts, phase_);
   experts(T, false);
   set(kRouter, phase_);
@@ -308,8 +309,8 @@ void Model::layer_fwd(int l, double T) {
   } else {
     mem(OpCategory::Other, 2 * T * (Q + KV) * c_, d_.copy_bw);
   }
-  mem(OpCategory::Attention, 2 * T * Q * c_, d_.rope_bw);
-  mem(OpCategory::Attention, 2 * T * KV * c_, d_.rope_bw);
+  mem(OpCategory::Attention, op_bytes::rope(T, Q, c_), d_.rope_bw);
+  mem(OpCategory::Attention, op_bytes::rope(T, KV, c_), d_.rope_bw);
   attention_fwd(T);
   mem(OpCategory::Other, 2 * T * H * c_, d_.copy_bw);
   gemm(T, H, Q, Pass::Fwd);
@@ -338,7 +339,7 @@ void Model::layer_bwd(int l, double T) {
   gemm(T, Q, H, Pass::Dgrad);
   gemm(H, Q, T, Pass::Wgrad);
   attention_bwd(T);
-  mem(OpCategory::Attention, 2 * T * (Q + KV) * c_, d_.rope_bw);
+  mem(OpCategory::Attention, op_bytes::rope(T, Q + KV, c_), d_.rope_bw);
   if (d.qk_norm) {
     norm(T * d.heads, double(d.head_dim), true);
     norm(T * d.kv_heads, double(d.head_dim), true);
@@ -368,7 +369,7 @@ void Model::optimizer() {
   // master, m, v read and written, the gradient read, the compute weights written.
   charge(OpCategory::Optimizer, grad_bytes / d_.reduce_bw + local.params.size() * d_.launch_seconds +
                                     d_.sync_seconds);
-  charge(OpCategory::Optimizer, native * (24 + dtype_size(p_.run.grad) + c_) / d_.adamw_bw +
+  charge(OpCategory::Optimizer, op_bytes::adamw(native, double(dtype_size(p_.run.grad)), c_) / d_.adamw_bw +
                                     launches * d_.launch_seconds);
   // ZeRO: every weight from its owner, on the compute stream.
   if (!p_.owner.empty()) {
@@ -420,7 +421,14 @@ void Model::host_update(const std::vector<double>& fwd_segment, double until_gra
   const bool device = p_.run.device != Device::CPU;
   st_.grad_to_host = device ? total * 2 / l_.d2h : 0;
   st_.weights_to_device = device ? total * 2 / l_.h2d : 0;
-  const double slow = device ? h.adamw_under_copies : 1.0;
+  // Host memory is shared with the pinned copies: calibrate measured the engine's rate beside
+  // copies running both ways at full speed (adamw_under_copies); the update's own uploads (2 bytes
+  // per parameter it writes) take that share of the links, and slow it in proportion.
+  auto slowed = [&](double rate) {
+    if (!device || l_.both <= 0) return rate;
+    const double share = std::min(1.0, 2.0 * rate / l_.both);
+    return rate * (1.0 - (1.0 - h.adamw_under_copies) * share);
+  };
   // Exposed time of an update whose weights come at `rate` parameters/s: the next forward's first
   // micro-batch runs segment s once its weights are there.
   auto exposed = [&](double rate) {
@@ -434,22 +442,24 @@ void Model::host_update(const std::vector<double>& fwd_segment, double until_gra
     }
     return waited;
   };
-  const double one = exposed(h.adamw_one_pass * slow);
-  const double weights = exposed(h.adamw_weights_pass * slow);
+  const double r_one = slowed(h.adamw_one_pass), r_weights = slowed(h.adamw_weights_pass);
+  const double r_state = h.adamw_state_pass;  // writes no weights: no uploads beside it
+  const double one = exposed(r_one);
+  const double weights = exposed(r_weights);
   // Two passes: the state pass follows the weights passes; the next step's first gradient copy
   // (the head's, in its last micro-batch's backward) waits for it.
-  const double state_end = total / (h.adamw_weights_pass * slow) + total / (h.adamw_state_pass * slow);
+  const double state_end = total / r_weights + total / r_state;
   const double gate = std::max(0.0, state_end - weights - until_grad_copy);
   st_.host_two_pass = p_.cfg.optim.overlap && weights + gate < one;
   if (!p_.cfg.optim.overlap) {
     st_.host_update = total / h.adamw_one_pass;
     st_.host_exposed = st_.host_update + (device ? n[0] * 2 / l_.d2h : 0);
   } else if (st_.host_two_pass) {
-    st_.host_update = total / (h.adamw_weights_pass * slow);
-    st_.host_state = total / (h.adamw_state_pass * slow);
+    st_.host_update = total / r_weights;
+    st_.host_state = total / r_state;
     st_.host_exposed = weights + gate;
   } else {
-    st_.host_update = total / (h.adamw_one_pass * slow);
+    st_.host_update = total / r_one;
     st_.host_exposed = one;
   }
 }
@@ -459,6 +469,7 @@ StepTime Model::run() {
   const ModelDims& d = p_.dims;
   const double T = double(p_.cfg.train.micro_batch_size) * p_.local_seq;
   const double H = double(d.hidden), V = double(d.vocab);
+  const double chunk = std::min(double(p_.cfg.train.lm_head_chunk), T);
   const int segments = num_segments(d);
   const int m = p_.micro_batches;
 
@@ -474,7 +485,7 @@ StepTime Model::run() {
     set(kEmbedding, Phase::Forward);
     mem(OpCategory::Other, 3 * T * 4, d_.copy_bw);  // the micro-batch's ids, targets, positions
     sync();
-    mem(OpCategory::Other, T * H * c_ + T * 4, d_.embedding_bw);
+    mem(OpCategory::Other, op_bytes::embedding(T, H, c_, false), d_.embedding_bw);
   });
   for (int l = 0; l < d.layers; ++l)
     timed(fwd[size_t(l + 1)], [&] {
@@ -485,13 +496,13 @@ StepTime Model::run() {
     set(kLmHead, Phase::Forward);
     norm(T, H, false);
     const double f = 2 * T * V * H;
-    charge(OpCategory::Loss, f / d_.lm_head_fwd_flops + 2 * d_.launch_seconds);
+    charge(OpCategory::Loss, f / d_.lm_head_fwd.at(chunk) + 2 * d_.launch_seconds);
     flop(f);
   });
   timed(bwd[size_t(segments - 1)], [&] {
     set(kLmHead, Phase::Backward);
     const double f = 6 * T * V * H;  // the logits again, dx and dW
-    charge(OpCategory::Loss, f / d_.lm_head_bwd_flops + d_.launch_seconds);
+    charge(OpCategory::Loss, f / d_.lm_head_bwd.at(chunk) + d_.launch_seconds);
     flop(f);
     norm(T, H, true);
   });
@@ -506,7 +517,7 @@ StepTime Model::run() {
     });
   timed(bwd[0], [&] {
     set(kEmbedding, Phase::Backward);
-    mem(OpCategory::Other, T * H * (c_ + 4) + T * 8, d_.embedding_bw);
+    mem(OpCategory::Other, op_bytes::embedding(T, H, c_, true), d_.embedding_bw);
   });
 
   // Once per step: zero the gradients, read the losses, the optimizer.

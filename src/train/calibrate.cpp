@@ -24,6 +24,7 @@
 #include "optim/host_adamw_bench.h"
 #include "parallel/mpi_comm.h"
 #include "plan/machine.h"
+#include "plan/op_bytes.h"
 #include "runtime/nccl_comm.h"
 #include "runtime/runtime.h"
 #include "train/commands.h"
@@ -111,6 +112,8 @@ std::string rate(double v, double unit, const char* suffix) {
   return buf;
 }
 
+std::string flops(double v) { return v >= 1e12 ? rate(v, 1e12, "TFLOP/s") : rate(v, 1e9, "GFLOP/s"); }
+
 // Dense GEMMs: cubes of growing size, each pass as the model runs it.
 void dense_gemm(Ops& ops, Bench& b, DeviceSpec& d, bool gpu, bool root) {
   d.gemm_fwd.points.clear(), d.gemm_dgrad.points.clear(), d.gemm_wgrad.points.clear();
@@ -124,53 +127,66 @@ void dense_gemm(Ops& ops, Bench& b, DeviceSpec& d, bool gpu, bool root) {
     const double wgrad = f / b.time([&] { ops.gemm(dw, x, true, w, false, 1, 1); });
     d.gemm_fwd.points.push_back({f, fwd}), d.gemm_dgrad.points.push_back({f, dgrad});
     d.gemm_wgrad.points.push_back({f, wgrad});
-    say(root, "GEMM " + std::to_string(n) + "³: " + rate(fwd, 1e12, "TFLOP/s forward, ") +
-                  rate(dgrad, 1e12, "data gradient, ") + rate(wgrad, 1e12, "weight gradient"));
+    say(root, "GEMM " + std::to_string(n) + "³: " + flops(fwd) + " forward, " + flops(dgrad) +
+                  " data gradient, " + flops(wgrad) + " weight gradient");
     b.release();
   }
 }
 
-// Grouped expert GEMMs by rows per expert, at one expert shape (gate/up: K = hidden, N = 2F).
+// Grouped expert GEMMs by rows per expert, as the model runs them: q3moe-8l's expert shapes
+// (128 experts, gate/up K = hidden → N = 2F, down K = F → N = hidden), each pass over both
+// projections, rows per expert drawn as random routing gives them (multinomial).
 void grouped_gemm(Ops& ops, Bench& b, DeviceSpec& d, bool gpu, bool root) {
-  const int64_t E = gpu ? 32 : 8, K = gpu ? 2048 : 128, N = gpu ? 1536 : 512;
+  const int64_t E = gpu ? 128 : 8, H = gpu ? 2048 : 64, F = gpu ? 768 : 32;
   d.grouped_fwd.points.clear(), d.grouped_dgrad.points.clear(), d.grouped_wgrad.points.clear();
-  d.grouped_shape = "E=" + std::to_string(E) + " K=" + std::to_string(K) + " N=" + std::to_string(N);
+  d.grouped_shape = "E=" + std::to_string(E) + " H=" + std::to_string(H) + " F=" + std::to_string(F) +
+                    ", gate/up and down";
   const DType c = gpu ? DType::BF16 : DType::F32;
   for (int64_t rows : gpu ? std::vector<int64_t>{64, 128, 256, 512, 1024, 2048} : std::vector<int64_t>{16, 64, 256}) {
     const int64_t R = rows * E;
-    Tensor x = b.random(c, {R, K}), w = b.random(c, {E, N, K}, 0.02), y = b.random(c, {R, N});
-    Tensor dx = b.random(c, {R, K}), dw = b.random(DType::F32, {E, N, K});
-    std::vector<int32_t> off(size_t(E + 1));
-    for (int64_t e = 0; e <= E; ++e) off[size_t(e)] = int32_t(e * rows);
+    std::vector<int32_t> off(size_t(E + 1), 0);
+    for (int64_t r = 0; r < R; ++r) ++off[size_t(1 + philox_u64(99, uint64_t(rows), uint64_t(r)) % uint64_t(E))];
+    for (int64_t e = 0; e < E; ++e) off[size_t(e + 1)] += off[size_t(e)];
     const Tensor offsets(off.data(), DType::I32, {E + 1});
-    const double f = 2.0 * double(R) * double(N) * double(K);
-    const double fwd = f / b.time([&] { ops.grouped_gemm_fwd(y, x, w, offsets); });
-    const double dgrad = f / b.time([&] { ops.grouped_gemm_bwd_data(dx, y, w, offsets); });
-    const double wgrad = f / b.time([&] { ops.grouped_gemm_bwd_weight(dw, y, x, offsets); });
+    Tensor x = b.random(c, {R, H}), gu = b.random(c, {R, 2 * F}), h = b.random(c, {R, F}), y = b.random(c, {R, H});
+    Tensor w1 = b.random(c, {E, 2 * F, H}, 0.02), w2 = b.random(c, {E, H, F}, 0.02);
+    Tensor dw1 = b.random(DType::F32, {E, 2 * F, H}), dw2 = b.random(DType::F32, {E, H, F});
+    const double f = 2.0 * double(R) * double(H) * double(3 * F);  // both projections
+    const double fwd = f / b.time([&] {
+      ops.grouped_gemm_fwd(gu, x, w1, offsets);
+      ops.grouped_gemm_fwd(y, h, w2, offsets);
+    });
+    const double dgrad = f / b.time([&] {
+      ops.grouped_gemm_bwd_data(h, y, w2, offsets);
+      ops.grouped_gemm_bwd_data(x, gu, w1, offsets);
+    });
+    const double wgrad = f / b.time([&] {
+      ops.grouped_gemm_bwd_weight(dw2, y, h, offsets);
+      ops.grouped_gemm_bwd_weight(dw1, gu, x, offsets);
+    });
     d.grouped_fwd.points.push_back({double(rows), fwd});
     d.grouped_dgrad.points.push_back({double(rows), dgrad});
     d.grouped_wgrad.points.push_back({double(rows), wgrad});
-    say(root, "grouped GEMM, " + std::to_string(rows) + " rows per expert: " + rate(fwd, 1e12, "TFLOP/s forward, ") +
-                  rate(dgrad, 1e12, "data gradient, ") + rate(wgrad, 1e12, "weight gradient"));
+    say(root, "experts, " + std::to_string(rows) + " rows per expert: " + flops(fwd) + " forward, " +
+                  flops(dgrad) + " data gradient, " + flops(wgrad) + " weight gradient");
     b.release();
   }
 }
 
-// Attention by sequence length (the same tokens per call): causal, and the non-causal blocks of
-// ring attention.
+// Attention by sequence length, one sequence per call (micro-batches of one): causal, and the
+// non-causal blocks of ring attention.
 void attention(Ops& ops, Bench& b, DeviceSpec& d, bool gpu, bool root) {
   const int64_t Nq = gpu ? 32 : 4, Nkv = gpu ? 4 : 2, D = gpu ? 128 : 32;
-  const int64_t tokens = gpu ? 65536 : 512;
   const DType c = gpu ? DType::BF16 : DType::F32;
   for (bool causal : {true, false}) {
     RateTable& fwd_t = causal ? d.attention_fwd : d.attention_block_fwd;
     RateTable& bwd_t = causal ? d.attention_bwd : d.attention_block_bwd;
     fwd_t.points.clear(), bwd_t.points.clear();
-    const std::vector<int64_t> seqs = gpu ? (causal ? std::vector<int64_t>{1024, 4096, 16384, 65536}
-                                                    : std::vector<int64_t>{1024, 4096, 16384})
+    const std::vector<int64_t> seqs = gpu ? (causal ? std::vector<int64_t>{1024, 4096, 16384, 65536, 131072}
+                                                    : std::vector<int64_t>{1024, 4096, 16384, 32768})
                                           : std::vector<int64_t>{64, 256};
     for (int64_t S : seqs) {
-      const int B = int(std::max<int64_t>(1, tokens / S));
+      const int B = 1;
       const int64_t T = B * S;
       Tensor q = b.random(c, {T, Nq, D}), k = b.random(c, {T, Nkv, D}), v = b.random(c, {T, Nkv, D});
       Tensor out = b.random(c, {T, Nq, D}), lse = b.random(DType::F32, {B, Nq, S});
@@ -179,32 +195,39 @@ void attention(Ops& ops, Bench& b, DeviceSpec& d, bool gpu, bool root) {
       // FLOPs: 4·S²·Nq·D per sequence forward (half of it causal), 2.5× that backward.
       const double f = 4.0 * B * double(S) * double(S) * double(Nq * D) * (causal ? 0.5 : 1.0);
       const double fr = f / b.time([&] { ops.attention_fwd(out, lse, q, k, v, B, scale, causal); });
+      // The backward recomputes the softmax from the forward's lse: run the forward first.
+      ops.attention_fwd(out, lse, q, k, v, B, scale, causal);
       const double br = 2.5 * f / b.time([&] {
         ops.attention_bwd(dq, dk, dv, out, q, k, v, out, lse, B, scale, causal);
       });
       fwd_t.points.push_back({double(S), fr});
       bwd_t.points.push_back({double(S), br});
       say(root, std::string(causal ? "attention" : "attention block") + " S=" + std::to_string(S) + ": " +
-                    rate(fr, 1e12, "TFLOP/s forward, ") + rate(br, 1e12, "backward"));
+                    flops(fr) + " forward, " + flops(br) + " backward");
       b.release();
     }
   }
 }
 
-// The fused LM head + loss.
+// The fused LM head + loss by chunk (train.lm_head_chunk).
 void lm_head(Ops& ops, Bench& b, DeviceSpec& d, bool gpu, bool root) {
-  const int64_t T = gpu ? 4096 : 256, H = gpu ? 2048 : 64, V = gpu ? 151936 : 2048, C = gpu ? 1024 : 64;
+  const int64_t T = gpu ? 16384 : 256, H = gpu ? 2048 : 64, V = gpu ? 151936 : 2048;
   const DType c = gpu ? DType::BF16 : DType::F32;
-  Tensor x = b.random(c, {T, H}), w = b.random(c, {V, H}, 0.02);
-  Tensor targets = b.random(DType::I32, {T}, 0, V), ws = b.random(DType::F32, {C, V});
-  Tensor loss = b.random(DType::F32, {T}), lse = b.random(DType::F32, {T});
-  Tensor dx = b.random(c, {T, H}), dw = b.random(DType::F32, {V, H});
-  const double f = 2.0 * double(T) * double(V) * double(H);
-  d.lm_head_fwd_flops = f / b.time([&] { ops.lmhead_ce_fwd(loss, lse, x, w, targets, ws); });
-  d.lm_head_bwd_flops = 3 * f / b.time([&] { ops.lmhead_ce_bwd(dx, dw, x, w, targets, lse, 1e-4f, ws); });
-  say(root, "LM head + loss: " + rate(d.lm_head_fwd_flops, 1e12, "TFLOP/s forward, ") +
-                rate(d.lm_head_bwd_flops, 1e12, "backward"));
-  b.release();
+  d.lm_head_fwd.points.clear(), d.lm_head_bwd.points.clear();
+  for (int64_t C : gpu ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{64}) {
+    Tensor x = b.random(c, {T, H}), w = b.random(c, {V, H}, 0.02);
+    Tensor targets = b.random(DType::I32, {T}, 0, V), ws = b.random(DType::F32, {C, V});
+    Tensor loss = b.random(DType::F32, {T}), lse = b.random(DType::F32, {T});
+    Tensor dx = b.random(c, {T, H}), dw = b.random(DType::F32, {V, H});
+    const double f = 2.0 * double(T) * double(V) * double(H);
+    const double fwd = f / b.time([&] { ops.lmhead_ce_fwd(loss, lse, x, w, targets, ws); });
+    const double bwd = 3 * f / b.time([&] { ops.lmhead_ce_bwd(dx, dw, x, w, targets, lse, 1e-4f, ws); });
+    d.lm_head_fwd.points.push_back({double(C), fwd});
+    d.lm_head_bwd.points.push_back({double(C), bwd});
+    say(root, "LM head + loss, chunks of " + std::to_string(C) + ": " + flops(fwd) + " forward, " +
+                  flops(bwd) + " backward");
+    b.release();
+  }
 }
 
 // Memory-bound ops: bytes read and written per second.
@@ -220,35 +243,35 @@ void memory_bound(Ops& ops, Bench& b, DeviceSpec& d, bool gpu, bool root) {
   {
     const int64_t n = gpu ? (int64_t(1) << 28) : (int64_t(1) << 22);
     Tensor x = b.random(c, {n}), y = b.random(c, {n});
-    report("copy", d.copy_bw, 2.0 * n * cs, b.time([&] { ops.copy(y, x); }));
+    report("copy", d.copy_bw, op_bytes::copy(double(n), cs), b.time([&] { ops.copy(y, x); }));
   }
   {
     Tensor x = b.random(c, {T, H}), y = b.random(c, {T, H}), w = b.random(c, {H}), dx = b.random(c, {T, H});
     Tensor rstd = b.random(DType::F32, {T}), dw = b.random(DType::F32, {H});
     const double fwd = b.time([&] { ops.rmsnorm_fwd(y, rstd, x, w, 1e-6f); });
     const double bwd = b.time([&] { ops.rmsnorm_bwd(dx, dw, y, x, w, rstd, false); });
-    report("RMSNorm", d.norm_bw, 5.0 * T * H * cs, fwd + bwd);
+    report("RMSNorm", d.norm_bw, op_bytes::norm(T, H, cs, false) + op_bytes::norm(T, H, cs, true), fwd + bwd);
   }
   {
     Tensor x = b.random(c, {T, heads, D}), pos = b.random(DType::I32, {T}, 0, T);
-    report("RoPE", d.rope_bw, 2.0 * T * heads * D * cs, b.time([&] { ops.rope_fwd(x, pos, 1e6f); }));
+    report("RoPE", d.rope_bw, op_bytes::rope(T, heads * D, cs), b.time([&] { ops.rope_fwd(x, pos, 1e6f); }));
   }
   {
     const int64_t M = T * K;
     Tensor gu = b.random(c, {M, 2 * F}), h = b.random(c, {M, F}), dgu = b.random(c, {M, 2 * F});
     const double fwd = b.time([&] { ops.swiglu_fwd(h, gu); });
     const double bwd = b.time([&] { ops.swiglu_bwd(dgu, h, gu); });
-    report("SwiGLU", d.swiglu_bw, 8.0 * M * F * cs, fwd + bwd);
+    report("SwiGLU", d.swiglu_bw, op_bytes::swiglu(M, F, cs, false) + op_bytes::swiglu(M, F, cs, true), fwd + bwd);
   }
   {
     Tensor x = b.random(c, {T, H}), xp = b.random(c, {T * K, H}), src = b.random(DType::I32, {T * K}, 0, T);
-    report("permute", d.permute_bw, 2.0 * T * K * H * cs, b.time([&] { ops.moe_permute_fwd(xp, x, src); }));
+    report("permute", d.permute_bw, op_bytes::gather(T * K, H, cs), b.time([&] { ops.moe_permute_fwd(xp, x, src); }));
   }
   {
     Tensor logits = b.random(DType::F32, {T, E}), probs = b.random(DType::F32, {T, E});
     Tensor lse = b.random(DType::F32, {T}), idx = b.random(DType::I32, {T, K}, 0, E);
     Tensor w = b.random(DType::F32, {T, K});
-    report("router", d.router_bw, double(T) * E * 8 + double(T) * K * 8,
+    report("router", d.router_bw, op_bytes::router(T, E, K),
            b.time([&] { ops.router_fwd(idx, w, probs, lse, logits, true); }));
   }
   {
@@ -256,7 +279,7 @@ void memory_bound(Ops& ops, Bench& b, DeviceSpec& d, bool gpu, bool root) {
     Tensor dtable = b.random(DType::F32, {V, H});
     const double fwd = b.time([&] { ops.embedding_fwd(out, ids, table); });
     const double bwd = b.time([&] { ops.embedding_bwd(dtable, ids, out); });
-    report("embedding", d.embedding_bw, double(T) * H * (2 * cs + cs + 4), fwd + bwd);
+    report("embedding", d.embedding_bw, op_bytes::embedding(T, H, cs, false) + op_bytes::embedding(T, H, cs, true), fwd + bwd);
   }
   {
     const int64_t n = gpu ? (int64_t(1) << 27) : (int64_t(1) << 20);
@@ -264,7 +287,7 @@ void memory_bound(Ops& ops, Bench& b, DeviceSpec& d, bool gpu, bool root) {
     Tensor g = b.random(DType::F32, {n}, 1e-3), w = b.random(c, {n}), out = b.random(DType::F32, {1});
     AdamWArgs args;
     args.lr = 1e-4f;
-    report("AdamW", d.adamw_bw, double(n) * (24 + 4 + cs), b.time([&] { ops.adamw_step_cast(p, m, v, g, args, w); }));
+    report("AdamW", d.adamw_bw, op_bytes::adamw(double(n), 4, cs), b.time([&] { ops.adamw_step_cast(p, m, v, g, args, w); }));
     report("sum of squares", d.reduce_bw, double(n) * 4, b.time([&] { ops.sumsq(out, g); }));
     Tensor one = b.random(DType::F32, {1});
     d.launch_seconds = b.time([&] { ops.fill(one, 0); }, 0.01, 200);

@@ -143,11 +143,14 @@ int cmd_plan(const PlanArgs& args) {
     MOP_USER_CHECK(!r.feasible.empty(), "no plan fits ", machine.name, " with ", world, " rank(s)");
     return 0;
   }
-  const Plan plan = make_plan(cfg, machine, world);
+  // A plan that does not fit is printed too (where the memory goes), then refused.
+  const Plan plan = make_plan(cfg, machine, world, /*check_fit=*/false);
   if (args.json)
     std::printf("%s\n", plan_json(plan).dump(2).c_str());
   else
     std::printf("%s", plan_text(plan).c_str());
+  const std::string overflow = plan_overflow(plan);
+  MOP_USER_CHECK(overflow.empty(), overflow);
   return 0;
 }
 

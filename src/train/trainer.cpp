@@ -145,6 +145,21 @@ void Trainer::build() {
                 groups_->ep_host.get(), groups_->ep_dispatch.get(), groups_->ep_combine.get()};
   model_ = std::make_unique<Transformer>(layout_, *params_, *ops_, topt);
   model_->allocate();
+  // The backend has now built its plans and workspaces for these shapes. Where they take more than
+  // the plan estimated (the machine's workspace figures are a fit over two sizes), plan again with
+  // what they take — the largest over the ranks, so all make the same plan — and the optimizer
+  // state goes where there is room. Nothing allocated so far changes.
+  if (plan_.run.device != Device::CPU) {
+    double extra = double(ops_->workspace_bytes()) - double(plan_.memory_of_rank(world_.rank).workspaces);
+    extra = groups_->world_host->all_reduce_host(extra, Comm::Op::Max);
+    if (extra > 0) {
+      Machine m = plan_.machine;
+      m.device.workspace_bytes += extra;
+      plan_ = make_plan(cfg_, m, world_.size);
+      spdlog::info("plan: the backend's workspaces take {} more than the plan estimated; planned the "
+                   "optimizer state again with them", format_bytes(extra));
+    }
+  }
   const size_t tokens_local = size_t(cfg_.train.micro_batch_size) * size_t(plan_.local_seq);
   const size_t tokens = size_t(plan_.micro_batches) * tokens_local;
   ids_.assign(tokens, 0), targets_.assign(tokens, 0), positions_.assign(tokens, 0);

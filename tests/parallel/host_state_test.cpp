@@ -1,5 +1,5 @@
 // Data parallelism with the optimizer state in host memory (CPU ranks: mpirun -np 2 and -np 4).
-// The host engine copies each stage's gradients as soon as the last micro-batch's backward
+// The host engine copies each segment's gradients as soon as the last micro-batch's backward
 // finishes it, so the data-parallel sums must be done by then: N ranks with host state must train
 // the same weights as one rank.
 #include <mpi.h>
