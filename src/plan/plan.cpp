@@ -268,7 +268,7 @@ Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_
 
   const ModelDims local_dims = ModelDims::from(cfg, 0, p.ep);
   const ModelLayout local = ModelLayout::build(local_dims);
-  ActivationOptions ao;
+  ActivationOptions& ao = p.activation_options;
   ao.max_batch = int(cfg.train.micro_batch_size);
   ao.max_seq = p.local_seq;
   ao.cp = p.cp, ao.ep = p.ep, ao.ring = p.ring;

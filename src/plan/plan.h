@@ -74,6 +74,7 @@ struct Plan {
   std::vector<bool> expert_param;  // per parameter: an expert tensor (sharded over ep)
   int64_t host_params = 0;  // parameters whose state is in host memory (all ranks' owners)
 
+  ActivationOptions activation_options;  // what the model's arena is laid out for
   ActivationLayout activations;
   MemoryPlan memory;  // of the rank that needs the most device memory
   int memory_rank = 0;

@@ -130,7 +130,7 @@ std::string plan_text(const Plan& p) {
   }
   int host_segments = 0;
   for (bool h : p.segment_on_host) host_segments += h;
-  const ComponentTime& opt = p.time.components[6];
+  const ComponentTime& opt = p.time.of(StepComponent::Optimizer);
   std::string state = host_segments == 0 ? std::string(gpu ? "all on the GPU" : "all with the CPU backend")
                                          : std::to_string(host_segments) + "/" +
                                                std::to_string(p.segment_on_host.size()) + " segments in host memory" +
@@ -141,7 +141,7 @@ std::string plan_text(const Plan& p) {
   row("act. gradients", "shared by the layers",
       double(p.memory.activations_by_component[size_t(Component::Gradients)]), 0, nullptr);
   if (p.world > 1) row("gradient sums", p.cfg.parallel.overlap_grad_reduce ? "per segment, own stream" : "in turn",
-                       0, 0, &p.time.components[7]);
+                       0, 0, &p.time.of(StepComponent::GradSums));
 
   const MemoryPlan& mp = p.memory;
   o += "\nmemory of rank " + std::to_string(p.memory_rank) + (gpu ? " (GPU)" : "") + ": weights " +

@@ -140,9 +140,11 @@ class Model {
   Phase phase_ = Phase::Forward;
 };
 
-enum Comp { kEmbedding, kAttention, kRouter, kExperts, kDenseFfn, kLmHead, kOptimizer, kGradSums, kNumComp };
+enum Comp { kEmbedding, kAttention, kRouter, kExperts, kDenseFfn, kLmHead, kOptimizer, kGradSums };
+constexpr int kNumComp = kNumStepComponents;
 const char* kCompNames[kNumComp] = {"embedding", "attention", "router", "experts", "dense FFN",
                                     "LM head + loss", "optimizer", "gradient sums"};
+static_assert(int(StepComponent::GradSums) == kGradSums && int(StepComponent::Experts) == kExperts);
 
 // The Ulysses exchange of `times` tensors of `width` elements per token: a gather, an all-to-all
 // on the compute stream and a gather each.

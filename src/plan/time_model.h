@@ -28,6 +28,12 @@ namespace mop {
 
 struct Plan;
 
+// The step's components, in StepTime::components' order.
+enum class StepComponent : uint8_t {
+  Embedding, Attention, Router, Experts, DenseFfn, LmHead, Optimizer, GradSums
+};
+constexpr int kNumStepComponents = 8;
+
 // A component's share of the step (compute-stream seconds by phase, and what overlaps it).
 struct ComponentTime {
   std::string name;
@@ -38,7 +44,7 @@ struct ComponentTime {
 
 struct StepTime {
   std::array<double, kNumOpCategories> seconds{};  // compute stream by category (as the log)
-  std::vector<ComponentTime> components;
+  std::vector<ComponentTime> components;  // indexed by StepComponent
   double host_update = 0;   // host AdamW until the new weights exist (s)
   double host_state = 0;    // two passes: the state pass after it
   double host_exposed = 0;  // what the step waits for the host update
@@ -47,6 +53,7 @@ struct StepTime {
   double comm_total = 0;    // every collective's time, hidden or not
   double step = 0;          // predicted step time (s)
 
+  const ComponentTime& of(StepComponent c) const { return components[size_t(c)]; }
   double compute() const;   // the categories other than communication
   double tokens_per_second(const Plan& plan) const;
   double mfu(const Plan& plan) const;

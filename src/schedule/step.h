@@ -54,6 +54,7 @@ class StepSchedule {
   void drain();
   OffloadStats take_host_stats();
   HostPipeline* host_pipeline() { return pipeline_.get(); }
+  const HostPipeline* host_pipeline() const { return pipeline_.get(); }
 
  private:
   void segment_done(int segment);  // the last micro-batch's backward finished it

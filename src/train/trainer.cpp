@@ -12,6 +12,7 @@
 #include <cmath>
 #include <csignal>
 #include <optional>
+#include <utility>
 
 #include "core/error.h"
 #include "ops/timed_ops.h"
@@ -106,8 +107,10 @@ void Trainer::build() {
   auto timed = std::make_unique<TimedOps>(make_ops(plan_.run.device, world_.local_rank));
   timed_ = timed.get();
   ops_ = std::move(timed);
-  if (plan_.run.device != Device::CPU) device_used_at_start_ = memory_info(plan_.run.device).total -
-                                                              memory_info(plan_.run.device).free;
+  if (plan_.run.device != Device::CPU) {
+    const MemoryInfo at_start = memory_info(plan_.run.device);
+    device_used_at_start_ = at_start.total - at_start.free;
+  }
   streams_ = std::make_unique<SideStreams>(plan_);
   groups_ = ParallelGroups::build(cfg_, world_, *ops_, streams_->comm_streams());
   if (world_.size > 1)  // tensor collectives count as communication in the step's time split
@@ -135,12 +138,7 @@ void Trainer::build() {
 
   // 5. Activations, as planned, allocated once.
   TransformerOptions topt;
-  topt.plan.max_batch = int(cfg_.train.micro_batch_size);
-  topt.plan.max_seq = plan_.local_seq;
-  topt.plan.cp = plan_.cp, topt.plan.ep = plan_.ep, topt.plan.ring = plan_.ring;
-  topt.plan.recompute = cfg_.train.recompute;
-  topt.plan.lm_head_chunk = cfg_.train.lm_head_chunk;
-  topt.plan.moe_chunks = plan_.moe_chunks;
+  topt.plan = plan_.activation_options;
   topt.comms = {groups_->cp_data.get(), groups_->cp_ring.get(), groups_->ep_data.get(),
                 groups_->ep_host.get(), groups_->ep_dispatch.get(), groups_->ep_combine.get()};
   model_ = std::make_unique<Transformer>(layout_, *params_, *ops_, topt);
@@ -237,7 +235,7 @@ MemoryPlan Trainer::allocated_memory() const {
   m.grads = size_t(params_->total_elements()) * dtype_size(plan_.run.grad);
   m.optimizer_state = optim_->native_state_bytes();
   m.host_optimizer_state = optim_->host_state_bytes();
-  if (const HostPipeline* p = const_cast<StepSchedule&>(*schedule_).host_pipeline()) {
+  if (const HostPipeline* p = std::as_const(*schedule_).host_pipeline()) {
     m.host_grad_staging = p->device_staging_bytes();
     m.host_staging = p->host_staging_bytes();
   }

@@ -29,11 +29,7 @@ std::string file_bytes(const std::string& path) {
 
 TEST_CASE("gpu training: host optimizer overlapped equals plain bit for bit", "[gpu][train]") {
   test::TempDir dir;
-  test::write_text(dir / "corpus.txt", test::sample_corpus(200000));
-  PrepareDataOptions po;
-  po.inputs = {dir / "corpus.txt"};
-  po.output = dir / "corpus";
-  prepare_data(po);
+  test::prepare_corpus(dir, 200000);
   test::write_text(dir / "cfg.yaml", R"(
 model: {vocab_size: 257, hidden_size: 64, num_layers: 3, num_heads: 4, num_kv_heads: 2, head_dim: 16}
 moe: {num_experts: 8, top_k: 2, expert_ffn: 64, first_dense_layers: 1, dense_ffn: 96}

@@ -8,7 +8,6 @@
 #include <memory>
 #include <string>
 
-#include "data/prepare_data.h"
 #include "train/train_test_util.h"
 
 namespace mop::test {
@@ -25,11 +24,7 @@ inline SharedCorpus shared_corpus(size_t bytes) {
   std::string root(512, '\0');
   if (me == 0) {
     c.dir = std::make_unique<TempDir>();
-    write_text(*c.dir / "corpus.txt", sample_corpus(bytes));
-    PrepareDataOptions po;
-    po.inputs = {*c.dir / "corpus.txt"};
-    po.output = *c.dir / "corpus";
-    prepare_data(po);
+    prepare_corpus(*c.dir, bytes);
     root = c.dir->path.string();
     root.resize(512, '\0');
   }

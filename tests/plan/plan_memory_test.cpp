@@ -45,11 +45,7 @@ void check_same(const MemoryPlan& planned, const MemoryPlan& got) {
 TEST_CASE("plan: memory per class equals the trainer's allocation on one rank", "[cpu][plan]") {
   spdlog::set_level(spdlog::level::warn);
   test::TempDir dir;
-  test::write_text(dir / "corpus.txt", test::sample_corpus(20000));
-  PrepareDataOptions po;
-  po.inputs = {dir / "corpus.txt"};
-  po.output = dir / "corpus";
-  prepare_data(po);
+  test::prepare_corpus(dir, 20000);
   struct Case {
     bool recompute;
     int micro_batch;

@@ -118,10 +118,10 @@ TEST_CASE("time model: the expert exchange hides behind the experts in chunks", 
   // and backward; half of each exchange's bytes stay on the rank (ep 2).
   const double T = 2 * 128, K = 2, H = 64, moe = 2, m_b = one.micro_batches;
   const double exchange = 2 * (T * K * H * 2) * 0.5 / 1e9;  // one direction pair, seconds
-  const ComponentTime& experts1 = one.time.components[3];
+  const ComponentTime& experts1 = one.time.of(StepComponent::Experts);
   CHECK(experts1.comm_total == Approx(m_b * moe * 2 * exchange).epsilon(kRel));
   CHECK(experts1.comm_exposed == Approx(experts1.comm_total).epsilon(kRel));  // one chunk: nothing hides
-  const ComponentTime& experts2 = two.time.components[3];
+  const ComponentTime& experts2 = two.time.of(StepComponent::Experts);
   CHECK(experts2.comm_total == Approx(experts1.comm_total).epsilon(kRel));
   CHECK(experts2.comm_exposed < experts1.comm_exposed);
   CHECK(experts2.comm_exposed >= experts2.comm_total / 2);  // the first dispatch, the last combine
@@ -135,8 +135,8 @@ TEST_CASE("time model: gradient sums hide behind the backward of the earlier seg
   const std::string dp = "\nparallel: {attention: {cp: 1, dp: 2}, moe: {ep: 1, dp: 2}, zero: false, overlap_grad_reduce: ";
   const Plan overlapped = make_plan(config(dp + "true}"), m, 2);
   const Plan in_turn = make_plan(config(dp + "false}"), m, 2);
-  const ComponentTime& a = overlapped.time.components[7];
-  const ComponentTime& b = in_turn.time.components[7];
+  const ComponentTime& a = overlapped.time.of(StepComponent::GradSums);
+  const ComponentTime& b = in_turn.time.of(StepComponent::GradSums);
   // Every gradient (fp32) is all-reduced once: 2·(n−1)/n of its bytes over the bus.
   const double bytes = 4.0 * double(ModelLayout::build(ModelDims::from(overlapped.cfg)).num_params());
   CHECK(a.comm_total == Approx(bytes / 1e10).epsilon(1e-6));

@@ -20,11 +20,7 @@ std::string file_bytes(const std::string& path) {
 
 TEST_CASE("train: host optimizer (plain and overlapped) equals the backend's AdamW bit for bit", "[cpu][train]") {
   test::TempDir dir;
-  test::write_text(dir / "corpus.txt", test::sample_corpus(50000));
-  PrepareDataOptions po;
-  po.inputs = {dir / "corpus.txt"};
-  po.output = dir / "corpus";
-  prepare_data(po);
+  test::prepare_corpus(dir, 50000);
   test::write_text(dir / "cfg.yaml", R"(
 model: {vocab_size: 257, hidden_size: 16, num_layers: 3, num_heads: 2, num_kv_heads: 1}
 moe: {num_experts: 4, top_k: 2, expert_ffn: 16, first_dense_layers: 1, dense_ffn: 24}

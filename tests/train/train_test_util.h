@@ -13,6 +13,7 @@
 
 #include "ckpt/json.h"
 #include "core/rng.h"
+#include "data/prepare_data.h"
 #include "test_util.h"
 
 namespace mop::test {
@@ -59,6 +60,17 @@ inline std::string sample_corpus(size_t bytes) {
     s += (i % 97 == 96) ? ".\n\n" : (i % 13 == 12) ? ".\n" : " ";
   }
   return s;
+}
+
+// A byte-level shard of sample_corpus(bytes) in `dir` (corpus.txt → corpus.bin/.idx); returns the
+// shard's prefix for data.paths.
+inline std::string prepare_corpus(const TempDir& dir, size_t bytes) {
+  write_text(dir / "corpus.txt", sample_corpus(bytes));
+  PrepareDataOptions po;
+  po.inputs = {dir / "corpus.txt"};
+  po.output = dir / "corpus";
+  prepare_data(po);
+  return dir / "corpus";
 }
 
 // Every line of a metrics.jsonl file, parsed.
