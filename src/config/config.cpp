@@ -265,6 +265,16 @@ void validate(const Config& c) {
                  e.num_experts, ")");
   MOP_USER_CHECK(e.first_dense_layers <= m.num_layers, "moe.first_dense_layers: ",
                  e.first_dense_layers, " exceeds model.num_layers (", m.num_layers, ")");
+  for (auto [key, n] : {std::pair<const char*, int64_t>{"train.offload_layers", c.train.offload_layers},
+                        {"train.keep_attention", c.train.keep_attention}})
+    MOP_USER_CHECK(n <= m.num_layers, key, ": ", n, " exceeds model.num_layers (", m.num_layers, ")");
+  MOP_USER_CHECK(c.train.recompute || (c.train.offload_layers <= 0 && c.train.keep_attention <= 0),
+                 "train.offload_layers and train.keep_attention keep tensors for a recomputing backward: "
+                 "set train.recompute: true, or leave them at -1 (or 0)");
+  MOP_USER_CHECK(c.train.keep_attention <= 0 || a.cp == 1 || a.impl == "ring" ||
+                     m.num_heads % a.cp != 0 || m.num_kv_heads % a.cp != 0,
+                 "train.keep_attention: Ulysses attention (parallel.attention.cp ", a.cp,
+                 ") recomputes its attention; set parallel.attention.impl: ring, or train.keep_attention: 0");
   MOP_USER_CHECK(c.optim.min_lr <= c.optim.lr, "optim.min_lr: ", c.optim.min_lr,
                  " exceeds optim.lr (", c.optim.lr, ")");
   MOP_USER_CHECK(c.data.eos_id < m.vocab_size, "data.eos_id: ", c.data.eos_id,

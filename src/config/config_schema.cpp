@@ -127,6 +127,9 @@ std::vector<FieldSpec> config_schema(Config& c) {
   s.s("train.device", t.device, {"auto", "cpu", "cuda"}, "Where the step runs; auto: cuda when a GPU is present.");
   s.s("train.precision", t.precision, {"auto", "fp32", "fp64", "bf16"}, "Compute dtype; auto: fp32 on the CPU, bf16 on the GPU.");
   s.b("train.recompute", t.recompute, "Keep only each layer's input during forward and recompute the rest in backward.");
+  s.i("train.moe_chunk", t.moe_chunk, -1, 1 << 30, "Tokens per chunk of the MoE block (router → dispatch → experts → combine) and the dense FFN in forward and backward; a chunked block recomputes its experts in backward and holds O(chunk) routed rows. 0: the whole micro-batch at once; -1: the plan's choice (chunks of 32768 tokens with recompute on longer micro-batches).");
+  s.i("train.offload_layers", t.offload_layers, -1, 1 << 20, "With recompute: the first N layers keep their saved tensors (input, kept attention) in pinned host memory, copied out in forward and back one layer ahead in backward; -1: the plan's choice (as few as the device needs).");
+  s.i("train.keep_attention", t.keep_attention, -1, 1 << 20, "With recompute: the first N layers keep their attention output and log-sum-exp, so backward does not recompute their attention; -1: the plan's choice (as many as device and host memory hold).");
   s.s("train.on_nonfinite", t.on_nonfinite, {"skip", "abort"}, "When the loss or a gradient is NaN/Inf: skip the step (and log the first offending tensor) or abort.");
   s.i("train.lm_head_chunk", t.lm_head_chunk, 1, 1 << 24, "Tokens per chunk of the fused LM-head + cross-entropy.");
   s.i("train.eval_interval", t.eval_interval, 0, kMaxCount, "Evaluate on the held-out data every N steps; 0: never.");

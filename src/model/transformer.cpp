@@ -64,6 +64,7 @@ void Transformer::allocate() {
           *comms.ep, *comms.ep_host, ops_, d_.experts,
           int64_t(o.max_batch) * o.max_seq * d_.top_k * ep_, o.moe_chunks, comms.ep_dispatch,
           comms.ep_combine));
+  if (o.recompute) saved_ = std::make_unique<SavedActivations>(ops_, plan_, arena_, host_arena_);
   OpShapes shapes;
   shapes.max_tokens = int64_t(o.max_batch) * o.max_seq;
   if (ring_) {  // c×c blocks of one sequence, all heads, causal and full
@@ -90,24 +91,48 @@ Tensor Transformer::scratch(int slot, std::initializer_list<int64_t> dims) const
 
 const Transformer::Acts& Transformer::acts(int l) const { return acts_[opt_.plan.recompute ? 0 : l]; }
 
-void Transformer::ffn_fwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor x_out,
-                          int64_t T) {
-  Tensor gu = act(gu_slot, T), h = act(h_slot, T);
-  ops_.gemm(gu, x, false, W(gate_up), true, 1, 0);  // [T,2F] = x[T,H]·W[2F,H]ᵀ
-  ops_.swiglu_fwd(h, gu);
-  ops_.gemm(x_out, h, false, W(down), true, 1, 1);  // x_out += h[T,F]·W[H,F]ᵀ
+Tensor Transformer::attn_of(int l, const Acts& a, int64_t T) const {
+  const int slot = plan_.attn_saved[size_t(l)];
+  return act(slot >= 0 ? slot : a.attn, T);
 }
 
+Tensor Transformer::lse_of(int l, const Acts& a, int64_t T) const {
+  const int slot = plan_.lse_saved[size_t(l)];
+  return act(slot >= 0 ? slot : a.lse, T * d_.heads);
+}
+
+// A dense FFN over T tokens, in chunks of the plan's MoE chunk: x_out += down(swiglu(gate_up(x))).
+void Transformer::ffn_fwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor x_out,
+                          int64_t T) {
+  const int64_t C = opt_.plan.chunk_tokens(T);
+  for (int64_t t0 = 0; t0 < T; t0 += C) {
+    const int64_t n = std::min(C, T - t0);
+    Tensor gu = act(gu_slot, n), h = act(h_slot, n);
+    ops_.gemm(gu, x.rows(t0, t0 + n), false, W(gate_up), true, 1, 0);  // [n,2F] = x·W[2F,H]ᵀ
+    ops_.swiglu_fwd(h, gu);
+    ops_.gemm(x_out.rows(t0, t0 + n), h, false, W(down), true, 1, 1);  // x_out += h[n,F]·W[H,F]ᵀ
+  }
+}
+
+// Its backward; chunk by chunk, a chunked FFN first recomputes the chunk's gate/up and SwiGLU.
 void Transformer::ffn_bwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor dy,
                           Tensor dx, int64_t T) {
-  Tensor gu = act(gu_slot, T), h = act(h_slot, T);
-  int64_t F = h.shape[1];
-  Tensor dh = scratch(s_.dffn_h, {T, F}), dgu = scratch(s_.dffn_gu, {T, 2 * F});
-  ops_.gemm(dh, dy, false, W(down), false, 1, 0);  // [T,F] = dy[T,H]·W[H,F]
-  ops_.gemm(G(down), dy, true, h, false, 1, 1);    // dW[H,F] += dyᵀ·h
-  ops_.swiglu_bwd(dgu, dh, gu);
-  ops_.gemm(dx, dgu, false, W(gate_up), false, 1, 1);  // dx[T,H] += dgu[T,2F]·W[2F,H]
-  ops_.gemm(G(gate_up), dgu, true, x, false, 1, 1);
+  const int64_t C = opt_.plan.chunk_tokens(T);
+  for (int64_t t0 = 0; t0 < T; t0 += C) {
+    const int64_t n = std::min(C, T - t0);
+    Tensor gu = act(gu_slot, n), h = act(h_slot, n), xc = x.rows(t0, t0 + n), dyc = dy.rows(t0, t0 + n);
+    if (C < T) {
+      ops_.gemm(gu, xc, false, W(gate_up), true, 1, 0);
+      ops_.swiglu_fwd(h, gu);
+    }
+    const int64_t F = h.shape[1];
+    Tensor dh = scratch(s_.dffn_h, {n, F}), dgu = scratch(s_.dffn_gu, {n, 2 * F});
+    ops_.gemm(dh, dyc, false, W(down), false, 1, 0);  // [n,F] = dy[n,H]·W[H,F]
+    ops_.gemm(G(down), dyc, true, h, false, 1, 1);    // dW[H,F] += dyᵀ·h
+    ops_.swiglu_bwd(dgu, dh, gu);
+    ops_.gemm(dx.rows(t0, t0 + n), dgu, false, W(gate_up), false, 1, 1);  // dx += dgu[n,2F]·W[2F,H]
+    ops_.gemm(G(gate_up), dgu, true, xc, false, 1, 1);
+  }
 }
 
 // Experts [k.e0, k.e1) on rows [k.row0, k.row0 + k.rows) of the local expert-major layout: x, y
@@ -134,10 +159,63 @@ void Transformer::experts_bwd(const LayerParams& P, const Acts& a, const ExpertD
   ops_.grouped_gemm_bwd_weight(G(P.experts_gate_up).rows(k.e0, k.e1), dgu, xk, k.offsets);
 }
 
+// The routed experts on `rows` permuted rows xp → yp (their group sizes on the host): this rank's
+// experts, on rows from every rank of the ep group (ep = 1: all of them, locally).
+void Transformer::routed_fwd(const LayerParams& P, const Acts& a, const Tensor& offsets_host,
+                             Tensor xp, Tensor yp) {
+  if (ep_ > 1) {
+    ExpertDispatcher& disp = *dispatch_[size_t(&a - acts_.data())];
+    std::vector<int32_t> per_expert(size_t(d_.experts));
+    const int32_t* off = offsets_host.ptr<int32_t>();
+    for (int64_t e = 0; e < d_.experts; ++e) per_expert[size_t(e)] = off[e + 1] - off[e];
+    disp.plan(per_expert.data());
+    const int64_t rows = disp.rows_in();
+    Tensor xpl = act(a.xp_local, rows), ypl = act(a.yp_local, rows);
+    disp.run(xp, yp, xpl, ypl, arena_.tensor(s_.dispatch_scratch),
+             [&](const ExpertDispatcher::Chunk& k) { experts_fwd(P, a, k, xpl, ypl); });
+  } else {
+    experts_fwd(P, a, {0, d_.experts_local, 0, xp.shape[0], offsets_host}, xp, yp);
+  }
+}
+
+// The backward of routed_fwd's last call: dyp → dxp (ep > 1: the forward's plan, the same rows
+// travelling back the other way).
+void Transformer::routed_bwd(const LayerParams& P, const Acts& a, const Tensor& offsets_host,
+                             const Tensor& xp, const Tensor& dyp, Tensor dxp) {
+  if (ep_ > 1) {
+    ExpertDispatcher& disp = *dispatch_[size_t(&a - acts_.data())];
+    const int64_t rows = disp.rows_in();
+    Tensor dypl = act(s_.dyp_local, rows), dxpl = act(s_.dxp_local, rows), xpl = act(a.xp_local, rows);
+    disp.run(dyp, dxp, dypl, dxpl, arena_.tensor(s_.dispatch_scratch),
+             [&](const ExpertDispatcher::Chunk& k) { experts_bwd(P, a, k, xpl, dypl, dxpl); });
+  } else {
+    experts_bwd(P, a, {0, d_.experts_local, 0, xp.shape[0], offsets_host}, xp, dyp, dxp);
+  }
+}
+
+// Tokens [t0, t0 + n) of a chunked MoE block: their route plan (group sizes to the host), their
+// rows permuted into xp, and the experts' output in yp (returned).
+Tensor Transformer::chunk_experts_fwd(const LayerParams& P, const Acts& a, int64_t T, int64_t t0,
+                                      int64_t n) {
+  const int64_t nK = n * d_.top_k;
+  Tensor offsets = arena_.tensor(a.c_offsets), offsets_host = host_arena_.tensor(a.c_offsets_host);
+  ops_.moe_route_plan(arena_.tensor(a.c_counts), offsets, act(a.c_perm_src, nK), act(a.c_slot_of, nK),
+                      act(a.topk_idx, T).rows(t0, t0 + n));
+  ops_.copy(offsets_host, offsets);
+  Tensor xp = act(a.xp, nK), yp = act(a.yp, nK);
+  ops_.moe_permute_fwd(xp, act(a.ln2, T).rows(t0, t0 + n), act(a.c_perm_src, nK));
+  routed_fwd(P, a, offsets_host, xp, yp);
+  return yp;
+}
+
+// Router → dispatch → experts → combine. The router and its losses run over all T tokens; with a
+// chunked plan the experts (and the shared expert) run chunk by chunk, and not at all when
+// `experts` is false (a recomputing layer: its backward recomputes each chunk).
 void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor losses,
-                          float aux_scale) {
+                          float aux_scale, bool experts) {
   const LayerParams& P = layout_.layers[l];
   const int64_t K = d_.top_k, TK = T * K;
+  const bool chunked = opt_.plan.chunked(T);
   Tensor ln2 = act(a.ln2, T), logits = act(a.logits, T), probs = act(a.probs, T);
   Tensor topk_idx = act(a.topk_idx, T), topk_w = act(a.topk_w, T), rlse = act(a.rlse, T);
   Tensor counts = arena_.tensor(a.counts), offsets = arena_.tensor(a.offsets);
@@ -145,9 +223,9 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
   ops_.gemm(logits, ln2, false, W(P.router), true, 1, 0);  // fp32 router logits [T,E]
   ops_.router_fwd(topk_idx, topk_w, probs, rlse, logits, d_.renormalize);
   ops_.moe_route_plan(counts, offsets, perm_src, slot_of, topk_idx);
-  // The group sizes are needed on the host (one small device→host copy per MoE layer).
+  // The group sizes are needed on the host (one small device→host copy per MoE layer, or chunk).
   Tensor offsets_host = host_arena_.tensor(a.offsets_host);
-  ops_.copy(offsets_host, offsets);
+  if (!chunked) ops_.copy(offsets_host, offsets);
   // Router losses over the micro-batch's whole sequences: with cp ranks, over their tokens
   // together. The op's terms use its local T; with counts summed over the cp group, scaling the
   // coefficients by 1/cp² (aux) and 1/cp (z) makes each rank's share exactly its part of the
@@ -161,43 +239,50 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
   float layer_w = aux_scale / float(d_.num_moe_layers());
   ops_.moe_aux_loss(losses, arena_.tensor(a.aux_grad), probs, rlse, loss_counts, int(K),
                     float(d_.aux_coef) * layer_w / float(cp_ * cp_), float(d_.z_coef) * layer_w / float(cp_));
-  Tensor xp = act(a.xp, TK), yp = act(a.yp, TK);
-  ops_.moe_permute_fwd(xp, ln2, perm_src);
-  // Experts: this rank's, on rows from every rank of the ep group (ep = 1: all, locally).
-  if (ep_ > 1) {
-    ExpertDispatcher& disp = *dispatch_[size_t(&a - acts_.data())];
-    std::vector<int32_t> per_expert(size_t(d_.experts));
-    const int32_t* off = offsets_host.ptr<int32_t>();
-    for (int64_t e = 0; e < d_.experts; ++e) per_expert[size_t(e)] = off[e + 1] - off[e];
-    disp.plan(per_expert.data());
-    const int64_t rows = disp.rows_in();
-    Tensor xpl = act(a.xp_local, rows), ypl = act(a.yp_local, rows);
-    disp.run(xp, yp, xpl, ypl, arena_.tensor(s_.dispatch_scratch),
-             [&](const ExpertDispatcher::Chunk& k) { experts_fwd(P, a, k, xpl, ypl); });
-  } else {
-    experts_fwd(P, a, {0, d_.experts_local, 0, TK, offsets_host}, xp, yp);
+  if (!experts) return;
+  if (!chunked) {
+    Tensor xp = act(a.xp, TK), yp = act(a.yp, TK);
+    ops_.moe_permute_fwd(xp, ln2, perm_src);
+    routed_fwd(P, a, offsets_host, xp, yp);
+    ops_.moe_unpermute_fwd(x_out, yp, slot_of, topk_w, /*accumulate=*/true);
+    if (d_.shared_ffn) ffn_fwd(P.shared_gate_up, P.shared_down, a.shared_gu, a.shared_h, ln2, x_out, T);
+    return;
   }
-  ops_.moe_unpermute_fwd(x_out, yp, slot_of, topk_w, /*accumulate=*/true);
-  if (d_.shared_ffn) ffn_fwd(P.shared_gate_up, P.shared_down, a.shared_gu, a.shared_h, ln2, x_out, T);
+  const int64_t C = opt_.plan.chunk_tokens(T);
+  for (int64_t t0 = 0; t0 < T; t0 += C) {
+    const int64_t n = std::min(C, T - t0);
+    Tensor yp = chunk_experts_fwd(P, a, T, t0, n);
+    ops_.moe_unpermute_fwd(x_out.rows(t0, t0 + n), yp, act(a.c_slot_of, n * K), topk_w.rows(t0, t0 + n),
+                           /*accumulate=*/true);
+    if (d_.shared_ffn)
+      ffn_fwd(P.shared_gate_up, P.shared_down, a.shared_gu, a.shared_h, ln2.rows(t0, t0 + n),
+              x_out.rows(t0, t0 + n), n);
+  }
 }
 
 void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln, float aux_scale) {
   const LayerParams& P = layout_.layers[l];
   const int64_t K = d_.top_k, TK = T * K;
-  Tensor ln2 = act(a.ln2, T), slot_of = act(a.slot_of, TK), topk_w = act(a.topk_w, T);
-  Tensor yp = act(a.yp, TK), dyp = act(s_.dyp, TK), dxp = act(s_.dxp, TK), dtopk_w = act(s_.dtopk_w, T);
-  ops_.moe_unpermute_bwd(dyp, dtopk_w, dx, yp, slot_of, topk_w);
-  if (ep_ > 1) {  // the forward's plan: the same rows travel back the other way
-    ExpertDispatcher& disp = *dispatch_[size_t(&a - acts_.data())];
-    const int64_t rows = disp.rows_in();
-    Tensor dypl = act(s_.dyp_local, rows), dxpl = act(s_.dxp_local, rows), xpl = act(a.xp_local, rows);
-    disp.run(dyp, dxp, dypl, dxpl, arena_.tensor(s_.dispatch_scratch),
-             [&](const ExpertDispatcher::Chunk& k) { experts_bwd(P, a, k, xpl, dypl, dxpl); });
+  Tensor ln2 = act(a.ln2, T), topk_w = act(a.topk_w, T), dtopk_w = act(s_.dtopk_w, T);
+  if (!opt_.plan.chunked(T)) {
+    Tensor slot_of = act(a.slot_of, TK), yp = act(a.yp, TK), dyp = act(s_.dyp, TK), dxp = act(s_.dxp, TK);
+    ops_.moe_unpermute_bwd(dyp, dtopk_w, dx, yp, slot_of, topk_w);
+    routed_bwd(P, a, host_arena_.tensor(a.offsets_host), act(a.xp, TK), dyp, dxp);
+    ops_.moe_permute_bwd(dln, dxp, slot_of, int(K), /*accumulate=*/false);
   } else {
-    experts_bwd(P, a, {0, d_.experts_local, 0, TK, host_arena_.tensor(a.offsets_host)},
-                act(a.xp, TK), dyp, dxp);
+    // Chunk by chunk: the chunk's experts again (their activations were not kept), then their
+    // backward; the combine weights' gradients and dln fill in row by row.
+    const int64_t C = opt_.plan.chunk_tokens(T);
+    for (int64_t t0 = 0; t0 < T; t0 += C) {
+      const int64_t n = std::min(C, T - t0), nK = n * K;
+      Tensor yp = chunk_experts_fwd(P, a, T, t0, n), slot_of = act(a.c_slot_of, nK);
+      Tensor dyp = act(s_.dyp, nK), dxp = act(s_.dxp, nK);
+      ops_.moe_unpermute_bwd(dyp, dtopk_w.rows(t0, t0 + n), dx.rows(t0, t0 + n), yp, slot_of,
+                             topk_w.rows(t0, t0 + n));
+      routed_bwd(P, a, host_arena_.tensor(a.c_offsets_host), act(a.xp, nK), dyp, dxp);
+      ops_.moe_permute_bwd(dln.rows(t0, t0 + n), dxp, slot_of, int(K), /*accumulate=*/false);
+    }
   }
-  ops_.moe_permute_bwd(dln, dxp, slot_of, int(K), /*accumulate=*/false);
   // Router: through the combine weights, the load-balancing loss and the z-loss (over the cp
   // group's T·cp tokens, as in the forward).
   Tensor dlogits = act(s_.dlogits, T), dlogits_c = act(s_.dlogits_c, T);
@@ -214,12 +299,12 @@ void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln
 // Ulysses: trade token shards for head shards, attend over whole sequences, trade back
 // (sequence_parallel.h); the exchanged tensors hold the same number of elements in both layouts.
 // T is this rank's token count.
-void Transformer::attention_fwd(const Acts& a, const Batch& b, int64_t T) {
+void Transformer::attention_fwd(const Acts& a, const Batch& b, int64_t T, Tensor attn, Tensor lse) {
   const int64_t D = d_.head_dim, Nq = d_.heads, Nkv = d_.kv_heads, S = int64_t(b.seq) * cp_;
   const int64_t rows = int64_t(b.batch) * S;
   const float scale = float(1.0 / std::sqrt(double(D)));
   if (ring_) {
-    ring_attention_->forward(act(a.attn, T).view({T, Nq, D}), act(a.lse, T * Nq),
+    ring_attention_->forward(attn.view({T, Nq, D}), lse,
                              act(a.q, T).view({T, Nq, D}), act(a.k, T).view({T, Nkv, D}),
                              act(a.v, T).view({T, Nkv, D}), b.batch, scale);
     return;
@@ -228,13 +313,14 @@ void Transformer::attention_fwd(const Acts& a, const Batch& b, int64_t T) {
   ulysses_->to_full(qf, act(a.q, T), Nq);
   ulysses_->to_full(kf, act(a.k, T), Nkv);
   ulysses_->to_full(vf, act(a.v, T), Nkv);
-  ops_.attention_fwd(of.view({rows, Nq / cp_, D}), act(a.lse, T * Nq).view({b.batch, Nq / cp_, S}),
+  ops_.attention_fwd(of.view({rows, Nq / cp_, D}), lse.view({b.batch, Nq / cp_, S}),
                      qf.view({rows, Nq / cp_, D}), kf.view({rows, Nkv / cp_, D}),
                      vf.view({rows, Nkv / cp_, D}), b.batch, scale, /*causal=*/true);
-  ulysses_->to_local(act(a.attn, T), of, Nq);
+  ulysses_->to_local(attn, of, Nq);
 }
 
-void Transformer::attention_bwd(const Acts& a, const Batch& b, int64_t T) {
+void Transformer::attention_bwd(const Acts& a, const Batch& b, int64_t T, const Tensor& attn,
+                                const Tensor& lse) {
   const int64_t D = d_.head_dim, Nq = d_.heads, Nkv = d_.kv_heads, S = int64_t(b.seq) * cp_;
   const int64_t rows = int64_t(b.batch) * S;
   const float scale = float(1.0 / std::sqrt(double(D)));
@@ -242,8 +328,8 @@ void Transformer::attention_bwd(const Acts& a, const Batch& b, int64_t T) {
     ring_attention_->backward(act(s_.dq, T).view({T, Nq, D}), act(s_.dk, T).view({T, Nkv, D}),
                               act(s_.dv, T).view({T, Nkv, D}), act(s_.dattn, T).view({T, Nq, D}),
                               act(a.q, T).view({T, Nq, D}), act(a.k, T).view({T, Nkv, D}),
-                              act(a.v, T).view({T, Nkv, D}), act(a.attn, T).view({T, Nq, D}),
-                              act(a.lse, T * Nq), b.batch, scale);
+                              act(a.v, T).view({T, Nkv, D}), attn.view({T, Nq, D}), lse, b.batch,
+                              scale);
     return;
   }
   Tensor dof = act(s_.dattn_full, T), dqf = act(s_.dq_full, T), dkf = act(s_.dk_full, T);
@@ -253,20 +339,24 @@ void Transformer::attention_bwd(const Acts& a, const Batch& b, int64_t T) {
                      dvf.view({rows, Nkv / cp_, D}), dof.view({rows, Nq / cp_, D}),
                      act(a.q_full, T).view({rows, Nq / cp_, D}), act(a.k_full, T).view({rows, Nkv / cp_, D}),
                      act(a.v_full, T).view({rows, Nkv / cp_, D}), act(a.attn_full, T).view({rows, Nq / cp_, D}),
-                     act(a.lse, T * Nq).view({b.batch, Nq / cp_, S}), b.batch, scale,
+                     lse.view({b.batch, Nq / cp_, S}), b.batch, scale,
                      /*causal=*/true);
   ulysses_->to_local(act(s_.dq, T), dqf, Nq);
   ulysses_->to_local(act(s_.dk, T), dkf, Nkv);
   ulysses_->to_local(act(s_.dv, T), dvf, Nkv);
 }
 
+// One layer's forward. A recomputing layer (recompute: true, refilling the activation set for its
+// backward) skips what its backward does not read or recomputes itself: a kept attention output,
+// and with a chunked plan the FFN or experts and the layer's output.
 void Transformer::layer_fwd(int l, const Acts& a, const Batch& b, Tensor x_in, Tensor x_out,
-                            Tensor losses, float aux_scale) {
+                            Tensor losses, float aux_scale, bool recompute) {
   const LayerParams& P = layout_.layers[l];
   const int64_t T = int64_t(b.batch) * b.seq, D = d_.head_dim, Nq = d_.heads, Nkv = d_.kv_heads;
   const float eps = float(d_.rms_eps), theta = float(d_.rope_theta);
   Tensor ln1 = act(a.ln1, T), q_raw = act(a.q_raw, T), k_raw = act(a.k_raw, T);
-  Tensor q = act(a.q, T), k = act(a.k, T), v = act(a.v, T), attn = act(a.attn, T);
+  Tensor q = act(a.q, T), k = act(a.k, T), v = act(a.v, T);
+  Tensor attn = attn_of(l, a, T), lse = lse_of(l, a, T);
   Tensor x_mid = act(a.x_mid, T), ln2 = act(a.ln2, T);
   ops_.rmsnorm_fwd(ln1, act(a.rstd1, T), x_in, W(P.ln1), eps);
   ops_.gemm(q_raw, ln1, false, W(P.q), true, 1, 0);  // [T,Nq·D] = ln1·Wqᵀ
@@ -284,19 +374,27 @@ void Transformer::layer_fwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
   Tensor q3 = q.view({T, Nq, D}), k3 = k.view({T, Nkv, D}), v3 = v.view({T, Nkv, D});
   ops_.rope_fwd(q3, b.positions, theta);
   ops_.rope_fwd(k3, b.positions, theta);
-  if (cp_ > 1) {
-    attention_fwd(a, b, T);
+  if (recompute && saved_->attention_kept(l)) {
+    saved_->wait_attention(l);  // kept on the host: back in the set by now
   } else {
-    ops_.attention_fwd(attn.view({T, Nq, D}), act(a.lse, T * Nq).view({b.batch, Nq, b.seq}), q3,
-                       k3, v3, b.batch, float(1.0 / std::sqrt(double(D))), /*causal=*/true);
+    if (saved_ && !saved_->attention_on_device(l)) saved_->before_set_attention_written();
+    if (cp_ > 1) {
+      attention_fwd(a, b, T, attn, lse);
+    } else {
+      ops_.attention_fwd(attn.view({T, Nq, D}), lse.view({b.batch, Nq, b.seq}), q3, k3, v3, b.batch,
+                         float(1.0 / std::sqrt(double(D))), /*causal=*/true);
+    }
+    if (saved_ && training_ && !recompute) saved_->attention_written(l, attn, lse);
   }
   ops_.copy(x_mid, x_in);
   ops_.gemm(x_mid, attn, false, W(P.o), true, 1, 1);  // x_mid = x_in + attn·Woᵀ
   ops_.rmsnorm_fwd(ln2, act(a.rstd2, T), x_mid, W(P.ln2), eps);
-  ops_.copy(x_out, x_mid);
+  // A chunked block recomputes its chunks in backward: a recomputing layer needs only the router.
+  const bool block = !(recompute && opt_.plan.chunked(T));
+  if (block) ops_.copy(x_out, x_mid);
   if (d_.is_moe(l))
-    moe_fwd(l, a, T, x_out, losses, aux_scale);
-  else
+    moe_fwd(l, a, T, x_out, losses, aux_scale, block);
+  else if (block)
     ffn_fwd(P.ffn_gate_up, P.ffn_down, a.ffn_gu, a.ffn_h, ln2, x_out, T);
 }
 
@@ -315,30 +413,37 @@ void Transformer::layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
   }
   ops_.rmsnorm_bwd(dx, G(P.ln2), dln, act(a.x_mid, T), W(P.ln2), act(a.rstd2, T), true);
   // Attention.
-  Tensor attn = act(a.attn, T), dattn = act(s_.dattn, T);
+  Tensor attn = attn_of(l, a, T), lse = lse_of(l, a, T), dattn = act(s_.dattn, T);
   Tensor dq = act(s_.dq, T), dk = act(s_.dk, T), dv = act(s_.dv, T);
   ops_.gemm(dattn, dx, false, W(P.o), false, 1, 0);  // [T,Nq·D] = dx[T,H]·Wo[H,Nq·D]
   ops_.gemm(G(P.o), dx, true, attn, false, 1, 1);
   Tensor q3 = act(a.q, T).view({T, Nq, D}), k3 = act(a.k, T).view({T, Nkv, D});
   if (cp_ > 1) {
-    attention_bwd(a, b, T);
+    attention_bwd(a, b, T, attn, lse);
   } else {
     ops_.attention_bwd(dq.view({T, Nq, D}), dk.view({T, Nkv, D}), dv.view({T, Nkv, D}),
                        dattn.view({T, Nq, D}), q3, k3, act(a.v, T).view({T, Nkv, D}),
-                       attn.view({T, Nq, D}), act(a.lse, T * Nq).view({b.batch, Nq, b.seq}),
-                       b.batch, float(1.0 / std::sqrt(double(D))), /*causal=*/true);
+                       attn.view({T, Nq, D}), lse.view({b.batch, Nq, b.seq}), b.batch,
+                       float(1.0 / std::sqrt(double(D))), /*causal=*/true);
   }
+  // The set's attn and lse are free: the previous layer's kept attention may come back into them.
+  if (saved_ && l > 0) saved_->fetch_attention(l - 1, attn_of(l - 1, a, T), lse_of(l - 1, a, T));
   ops_.rope_bwd(dq.view({T, Nq, D}), b.positions, theta);
   ops_.rope_bwd(dk.view({T, Nkv, D}), b.positions, theta);
-  Tensor dq_raw = dq, dk_raw = dk;
+  Tensor dq_raw = dq, dk_raw = dk, ln1 = act(a.ln1, T);
   if (d_.qk_norm) {
     dq_raw = act(s_.dq_raw, T), dk_raw = act(s_.dk_raw, T);
+    Tensor q_raw = act(a.q_raw, T), k_raw = act(a.k_raw, T);
+    if (plan_.qk_raw_recomputed) {  // the norms' inputs again, into q and k (read by now)
+      q_raw = act(a.q, T), k_raw = act(a.k, T);
+      ops_.gemm(q_raw, ln1, false, W(P.q), true, 1, 0);
+      ops_.gemm(k_raw, ln1, false, W(P.k), true, 1, 0);
+    }
     ops_.rmsnorm_bwd(dq_raw.view({T * Nq, D}), G(P.q_norm), dq.view({T * Nq, D}),
-                     act(a.q_raw, T).view({T * Nq, D}), W(P.q_norm), act(a.q_rstd, T * Nq), false);
+                     q_raw.view({T * Nq, D}), W(P.q_norm), act(a.q_rstd, T * Nq), false);
     ops_.rmsnorm_bwd(dk_raw.view({T * Nkv, D}), G(P.k_norm), dk.view({T * Nkv, D}),
-                     act(a.k_raw, T).view({T * Nkv, D}), W(P.k_norm), act(a.k_rstd, T * Nkv), false);
+                     k_raw.view({T * Nkv, D}), W(P.k_norm), act(a.k_rstd, T * Nkv), false);
   }
-  Tensor ln1 = act(a.ln1, T);
   ops_.gemm(dln, dq_raw, false, W(P.q), false, 1, 0);  // dln[T,H] = dq·Wq + dk·Wk + dv·Wv
   ops_.gemm(dln, dk_raw, false, W(P.k), false, 1, 1);
   ops_.gemm(dln, dv, false, W(P.v), false, 1, 1);
@@ -348,20 +453,33 @@ void Transformer::layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
   ops_.rmsnorm_bwd(dx, G(P.ln1), dln, x_in, W(P.ln1), act(a.rstd1, T), true);
 }
 
-void Transformer::run_forward(const Batch& b, float aux_scale) {
+void Transformer::run_forward(const Batch& b, float aux_scale, bool training) {
   const int64_t T = int64_t(b.batch) * b.seq;
   MOP_CHECK(b.batch <= opt_.plan.max_batch && b.seq <= opt_.plan.max_seq, "micro-batch ", b.batch,
             "×", b.seq, " exceeds the planned ", opt_.plan.max_batch, "×", opt_.plan.max_seq);
   MOP_CHECK(b.ids.numel() == T && b.targets.numel() == T && b.positions.numel() == T,
             "batch tensors must have B·S elements");
   last_T_ = int(T);
+  training_ = training;
   Tensor losses = arena_.tensor(s_.losses).rows(1, 3);  // [aux, z]
+  // Saved inputs of host layers: each written into its stage once the stage's last occupant is
+  // on the host, and copied out as soon as it is written (training only).
+  auto before_input = [&](int l) {
+    if (saved_) saved_->before_input_written(l);
+  };
+  auto input_done = [&](int l) {
+    if (saved_ && training) saved_->input_written(l, T);
+  };
   phase(false);
   before_forward(0);
+  before_input(0);
   ops_.embedding_fwd(act(xs_[0], T), b.ids, W(layout_.embedding));
+  input_done(0);
   for (int l = 0; l < d_.layers; ++l) {
     before_forward(l + 1);
-    layer_fwd(l, acts(l), b, act(xs_[l], T), act(xs_[l + 1], T), losses, aux_scale);
+    before_input(l + 1);
+    layer_fwd(l, acts(l), b, act(xs_[l], T), act(xs_[l + 1], T), losses, aux_scale, false);
+    input_done(l + 1);
   }
   before_forward(int(d_.layers) + 1);
   ops_.rmsnorm_fwd(act(s_.xf, T), act(s_.rstd_f, T), act(xs_[d_.layers], T),
@@ -373,26 +491,37 @@ void Transformer::run_forward(const Batch& b, float aux_scale) {
   ops_.add(ce, ce, tmp);
 }
 
-void Transformer::forward(const Batch& b, float aux_scale) { run_forward(b, aux_scale); }
+void Transformer::forward(const Batch& b, float aux_scale) { run_forward(b, aux_scale, false); }
 
 void Transformer::forward_backward(const Batch& b, float ce_scale, float aux_scale) {
-  run_forward(b, aux_scale);
+  run_forward(b, aux_scale, true);
   const int64_t T = int64_t(b.batch) * b.seq;
+  const int L = int(d_.layers);
   Tensor dx = act(s_.dx, T);
   phase(true);
   ops_.lmhead_ce_bwd(act(s_.dxf, T), G(layout_.lm_head), act(s_.xf, T), W(layout_.lm_head),
                      b.targets, act(s_.lse_tok, T), ce_scale, arena_.tensor(s_.lm_ws));
-  ops_.rmsnorm_bwd(dx, G(layout_.final_norm), act(s_.dxf, T), act(xs_[d_.layers], T),
+  ops_.rmsnorm_bwd(dx, G(layout_.final_norm), act(s_.dxf, T), act(xs_[L], T),
                    W(layout_.final_norm), act(s_.rstd_f, T), false);
-  after_backward(int(d_.layers) + 1);
-  for (int l = int(d_.layers) - 1; l >= 0; --l) {
-    if (opt_.plan.recompute)  // refill the shared activation set; losses go to scratch (counted once)
+  after_backward(L + 1);
+  if (saved_) {  // the last layer's saved tensors first
+    saved_->fetch_input(L - 1, T);
+    saved_->fetch_attention(L - 1, attn_of(L - 1, acts(L - 1), T), lse_of(L - 1, acts(L - 1), T));
+  }
+  for (int l = L - 1; l >= 0; --l) {
+    if (opt_.plan.recompute) {
+      // One layer ahead: the previous layer's input comes back while this one runs. The refill's
+      // losses go to scratch (counted once), its output (unused) to dln.
+      saved_->fetch_input(l - 1, T);
+      saved_->wait_input(l);
       layer_fwd(l, acts(l), b, act(xs_[l], T), act(s_.scratch_out, T),
-                arena_.tensor(s_.scratch_losses), aux_scale);
+                arena_.tensor(s_.scratch_losses), aux_scale, true);
+    }
     layer_bwd(l, acts(l), b, act(xs_[l], T), dx, aux_scale);
     after_backward(l + 1);
   }
   ops_.embedding_bwd(G(layout_.embedding), b.ids, dx);
+  if (saved_) saved_->finish();
   after_backward(0);
 }
 

@@ -15,6 +15,7 @@
 #include "parallel/expert_dispatch.h"
 #include "parallel/ring_attention.h"
 #include "parallel/sequence_parallel.h"
+#include "model/saved_activations.h"
 #include "plan/activations.h"
 
 namespace mop {
@@ -93,9 +94,17 @@ class Transformer {
   Tensor act(int slot, int64_t rows) const;  // the first `rows` rows of a slot
   Tensor scratch(int slot, std::initializer_list<int64_t> dims) const;  // leading elements, reshaped
   void layer_fwd(int l, const Acts& a, const Batch& b, Tensor x_in, Tensor x_out, Tensor losses,
-                 float aux_scale);
+                 float aux_scale, bool recompute);
   void layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, Tensor dx, float aux_scale);
-  void moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor losses, float aux_scale);
+  void moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor losses, float aux_scale,
+               bool experts);
+  void routed_fwd(const LayerParams& P, const Acts& a, const Tensor& offsets_host, Tensor xp, Tensor yp);
+  void routed_bwd(const LayerParams& P, const Acts& a, const Tensor& offsets_host, const Tensor& xp,
+                  const Tensor& dyp, Tensor dxp);
+  Tensor chunk_experts_fwd(const LayerParams& P, const Acts& a, int64_t T, int64_t t0, int64_t n);
+  // A layer's attention output [T,Q] and lse [T·Nq]: its kept ones on the device, else the set's.
+  Tensor attn_of(int l, const Acts& a, int64_t T) const;
+  Tensor lse_of(int l, const Acts& a, int64_t T) const;
   void experts_fwd(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
                    const Tensor& x, Tensor y);
   void experts_bwd(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
@@ -104,7 +113,7 @@ class Transformer {
   void ffn_fwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor x_out, int64_t T);
   void ffn_bwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor dy, Tensor dx,
                int64_t T);
-  void run_forward(const Batch& b, float aux_scale);
+  void run_forward(const Batch& b, float aux_scale, bool training);
   const Acts& acts(int l) const;
 
   const ModelLayout& layout_;
@@ -125,8 +134,10 @@ class Transformer {
   std::unique_ptr<UlyssesExchange> ulysses_;
   std::unique_ptr<RingAttention> ring_attention_;
   std::vector<std::unique_ptr<ExpertDispatcher>> dispatch_;  // per activation set (ep > 1)
-  void attention_fwd(const Acts& a, const Batch& b, int64_t T);
-  void attention_bwd(const Acts& a, const Batch& b, int64_t T);
+  void attention_fwd(const Acts& a, const Batch& b, int64_t T, Tensor attn, Tensor lse);
+  void attention_bwd(const Acts& a, const Batch& b, int64_t T, const Tensor& attn, const Tensor& lse);
+  std::unique_ptr<SavedActivations> saved_;  // with recompute
+  bool training_ = false;                    // the forward running is followed by a backward
   SegmentHooks hooks_;
   void before_forward(int segment) {
     if (hooks_.before_forward) hooks_.before_forward(segment);

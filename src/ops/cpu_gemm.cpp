@@ -2,7 +2,10 @@
 // One kernel, c = alpha·a·b + beta·c on row-major operands; transposed operands are packed into a
 // temporary first. The kernel keeps a kTileRows × kTileCols block of C in local accumulators and
 // walks k once (the i-k-j order, register-blocked), so the inner loop over columns vectorises and
-// every element is summed over k in ascending order.
+// every element is summed over k in ascending order. An accumulating call (alpha = beta = 1)
+// starts the sums from C itself: c + a₀b₀ + a₁b₁ + … in that order, so splitting k into pieces
+// (token chunks of a weight gradient, micro-batches) and accumulating them in turn gives the
+// same bits as one call over the whole of k.
 #include "ops/cpu_gemm.h"
 
 #include <omp.h>
@@ -39,6 +42,10 @@ template <class T>
   for (int64_t j0 = 0; j0 < g.n; j0 += kTileCols) {
     const int64_t cols = std::min(kTileCols, g.n - j0);
     T acc[kTileRows][kTileCols] = {};
+    const bool accumulate = g.alpha == T(1) && g.beta == T(1);
+    if (accumulate)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < cols; ++j) acc[r][j] = g.c[(i0 + r) * g.ldc + j0 + j];
     if (rows == kTileRows && cols == kTileCols) {
       // Full tile: constant trip counts let the compiler keep acc in registers.
       for (int64_t kk = 0; kk < g.k; ++kk) {
@@ -59,7 +66,9 @@ template <class T>
     }
     for (int64_t r = 0; r < rows; ++r) {
       T* cr = g.c + (i0 + r) * g.ldc + j0;
-      if (g.beta == T(0)) {
+      if (accumulate) {
+        for (int64_t j = 0; j < cols; ++j) cr[j] = acc[r][j];
+      } else if (g.beta == T(0)) {
         for (int64_t j = 0; j < cols; ++j) cr[j] = g.alpha * acc[r][j];
       } else {
         for (int64_t j = 0; j < cols; ++j) cr[j] = g.alpha * acc[r][j] + g.beta * cr[j];

@@ -53,28 +53,67 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
   const int64_t T = int64_t(o.max_batch) * o.max_seq, H = d.hidden;
   const int64_t Q = d.q_width(), KV = d.kv_width(), E = d.experts, K = d.top_k;
   const int64_t TK = T * K;
+  // The MoE block and the dense FFN hold one chunk of C tokens at a time.
+  const int64_t C = o.chunk_tokens(T), CK = C * K;
+  const bool chunked = C < T;
   const DType cdt = o.compute, adt = acc_dtype(o.compute);
-  // Dropless expert parallelism: a rank may receive every row of its ep group (ep·T·K).
-  const int64_t R = TK * o.ep;
+  // Dropless expert parallelism: a rank may receive every row of its ep group (ep·C·K).
+  const int64_t R = CK * o.ep;
+  MOP_CHECK(o.recompute || (o.host_layers == 0 && o.keep_attention == 0),
+            "saved tensors in host memory and kept attention need recompute");
+  MOP_CHECK(o.host_layers >= 0 && o.host_layers <= d.layers && o.keep_attention >= 0 &&
+                o.keep_attention <= d.layers,
+            "host_layers ", o.host_layers, ", keep_attention ", o.keep_attention, " of ", d.layers, " layers");
+  MOP_CHECK(o.keep_attention == 0 || o.cp == 1 || o.ring, "kept attention needs cp 1 or ring attention");
   Component comp = Component::Checkpoints;
   auto add = [&](DType dt, std::initializer_list<int64_t> dims) {
     L.device.push_back({Tensor(nullptr, dt, dims), comp});
     return int(L.device.size()) - 1;
   };
+  auto host = [&](DType dt, std::initializer_list<int64_t> dims) {
+    L.host.push_back({Tensor(nullptr, dt, dims), comp});
+    return int(L.host.size()) - 1;
+  };
   auto c = [&](std::initializer_list<int64_t> dims) { return add(cdt, dims); };
   auto a = [&](std::initializer_list<int64_t> dims) { return add(adt, dims); };
   auto i = [&](std::initializer_list<int64_t> dims) { return add(DType::I32, dims); };
 
-  for (int l = 0; l <= d.layers; ++l) L.xs.push_back(c({T, H}));
-  const int sets = o.recompute ? 1 : int(d.layers);
+  // Saved tensors: the layer inputs (those of host layers pass through two device stages), x_L,
+  // and the kept attention outputs.
+  const int L_ = int(d.layers);
+  int stage[2] = {-1, -1};
+  for (int s = 0; s < std::min(2, o.host_layers); ++s) stage[s] = c({T, H});
+  L.xs_host.assign(size_t(L_), -1);
+  L.attn_saved.assign(size_t(L_), -1), L.lse_saved.assign(size_t(L_), -1);
+  L.attn_host.assign(size_t(L_), -1), L.lse_host.assign(size_t(L_), -1);
+  for (int l = 0; l <= L_; ++l) {
+    if (l < o.host_layers) {
+      L.xs.push_back(stage[l % 2]);
+      L.xs_host[size_t(l)] = host(cdt, {T, H});
+    } else {
+      L.xs.push_back(c({T, H}));
+    }
+    if (l < o.keep_attention) {
+      if (l < o.host_layers) {
+        L.attn_host[size_t(l)] = host(cdt, {T, Q}), L.lse_host[size_t(l)] = host(adt, {T * d.heads});
+      } else {
+        L.attn_saved[size_t(l)] = c({T, Q}), L.lse_saved[size_t(l)] = a({T * d.heads});
+      }
+    }
+  }
+  const int sets = o.recompute ? 1 : L_;
   const bool any_moe = d.num_moe_layers() > 0, any_dense = d.first_dense > 0;
   for (int set = 0; set < sets; ++set) {
     ActSlots s;
     comp = Component::Attention;
     s.ln1 = c({T, H}), s.rstd1 = a({T});
-    s.q_raw = c({T, Q}), s.k_raw = c({T, KV}), s.q = c({T, Q}), s.k = c({T, KV}), s.v = c({T, KV});
+    if (!o.recompute) s.q_raw = c({T, Q}), s.k_raw = c({T, KV});  // else: see qk_raw_recomputed
+    s.q = c({T, Q}), s.k = c({T, KV}), s.v = c({T, KV});
     s.q_rstd = a({T * d.heads}), s.k_rstd = a({T * d.kv_heads});
-    s.attn = c({T, Q}), s.lse = a({T * d.heads});
+    // With recompute, a set's attention output is needed only while some layer recomputes its
+    // attention or receives its kept one from the host.
+    const bool attn_in_set = !o.recompute || o.keep_attention < L_ || o.host_layers > 0;
+    if (attn_in_set) s.attn = c({T, Q}), s.lse = a({T * d.heads});
     // Ulysses: whole sequences, heads/cp of them. Ring attention keeps the local layout; its lse is
     // [2·batch, Nq, c] blocks, the same T·Nq elements.
     if (o.cp > 1 && !o.ring)
@@ -90,28 +129,36 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
       s.topk_idx = i({T, K}), s.topk_w = a({T, K});
       s.counts = i({E}), s.offsets = i({E + 1}), s.perm_src = i({TK}), s.slot_of = i({TK});
       s.aux_grad = a({E});
-      L.host.push_back({Tensor(nullptr, DType::I32, {E + 1}), comp});
-      s.offsets_host = int(L.host.size()) - 1;
+      s.offsets_host = host(DType::I32, {E + 1});
+      if (chunked) {
+        s.c_counts = i({E}), s.c_offsets = i({E + 1}), s.c_perm_src = i({CK}), s.c_slot_of = i({CK});
+        s.c_offsets_host = host(DType::I32, {E + 1});
+      }
       comp = Component::Experts;
-      s.xp = c({TK, H}), s.gu = c({R, 2 * d.expert_ffn}), s.h = c({R, d.expert_ffn});
-      s.yp = c({TK, H});
+      s.xp = c({CK, H}), s.gu = c({R, 2 * d.expert_ffn}), s.h = c({R, d.expert_ffn});
+      s.yp = c({CK, H});
       if (o.ep > 1) s.xp_local = c({R, H}), s.yp_local = c({R, H});
       comp = Component::DenseFfn;
-      if (d.shared_ffn) s.shared_gu = c({T, 2 * d.shared_ffn}), s.shared_h = c({T, d.shared_ffn});
+      if (d.shared_ffn) s.shared_gu = c({C, 2 * d.shared_ffn}), s.shared_h = c({C, d.shared_ffn});
     }
     comp = Component::DenseFfn;
-    if (dense) s.ffn_gu = c({T, 2 * d.dense_ffn}), s.ffn_h = c({T, d.dense_ffn});
+    if (dense) s.ffn_gu = c({C, 2 * d.dense_ffn}), s.ffn_h = c({C, d.dense_ffn});
     L.sets.push_back(s);
   }
   SharedSlots& s = L.shared;
   comp = Component::Gradients;
   s.dx = c({T, H}), s.dln = c({T, H}), s.dattn = c({T, Q});
   s.dq = c({T, Q}), s.dk = c({T, KV}), s.dv = c({T, KV});
-  s.dq_raw = c({T, Q}), s.dk_raw = c({T, KV});
+  // The q-norm's input gradient is written once attention's backward has read dattn.
+  s.dq_raw = s.dattn, s.dk_raw = c({T, KV});
+  if (o.recompute) {
+    L.qk_raw_recomputed = true;
+    L.sets[0].q_raw = s.dattn, L.sets[0].k_raw = s.dk_raw;
+  }
   if (any_moe) {
     s.dlogits = a({T, E}), s.dlogits_c = c({T, E}), s.dtopk_w = a({T, K});
-    s.dyp = c({TK, H}), s.dh = c({R, d.expert_ffn}), s.dgu = c({R, 2 * d.expert_ffn});
-    s.dxp = c({TK, H});
+    s.dyp = c({CK, H}), s.dh = c({R, d.expert_ffn}), s.dgu = c({R, 2 * d.expert_ffn});
+    s.dxp = c({CK, H});
     if (o.ep > 1) s.dyp_local = c({R, H}), s.dxp_local = c({R, H}), s.dispatch_scratch = c({R, H});
     if (o.cp > 1) s.counts_global = i({E});
   }
@@ -120,15 +167,19 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
   }
   // Dense-layer and shared-expert FFN gradients share one pair of buffers of the wider width.
   const int64_t ffn_w = std::max(any_dense ? d.dense_ffn : 0, any_moe ? d.shared_ffn : 0);
-  if (ffn_w) s.dffn_h = c({T, ffn_w}), s.dffn_gu = c({T, 2 * ffn_w});
+  if (ffn_w) s.dffn_h = c({C, ffn_w}), s.dffn_gu = c({C, 2 * ffn_w});
   comp = Component::LmHead;
-  s.xf = c({T, H}), s.rstd_f = a({T}), s.dxf = c({T, H});
+  // With recompute the activation set is dead between the forward and the backward: the final
+  // norm's output lives in its ln1. The LM head's input gradient is dead once the final norm's
+  // backward has read it, before any layer writes dln.
+  s.xf = o.recompute ? L.sets[0].ln1 : c({T, H});
+  s.rstd_f = a({T}), s.dxf = s.dln;
   s.loss_tok = a({T}), s.lse_tok = a({T});
   s.lm_ws = a({std::min<int64_t>(o.lm_head_chunk, T), d.vocab});
   s.losses = a({3}), s.loss_tmp = a({1});
-  comp = Component::Checkpoints;
-  s.scratch_out = o.recompute ? c({T, H}) : -1;
-  comp = Component::LmHead;
+  // A recomputing layer's output (unused: the next layer's input is saved) goes to dln, which
+  // its backward overwrites; a chunked block is not recomputed at all.
+  s.scratch_out = o.recompute ? s.dln : -1;
   s.scratch_losses = a({2});
 
   if (o.ring)

@@ -6,6 +6,13 @@
 //
 // Layer l reads activation set sets[l] (one per layer), or with recompute the single shared set
 // sets[0], refilled from the saved layer input xs[l] just before the layer's backward.
+//
+// Long sequences (recompute on): a layer's saved tensors — its input and, where the plan keeps
+// it, its attention output and lse (then attention is not recomputed) — stay on the device or go
+// to pinned host memory (the first host_layers layers), copied out as forward makes them and
+// back one layer ahead in backward (model/saved_activations.h). The MoE block and the dense FFN
+// run in token chunks of moe_chunk tokens: routed rows and expert intermediates are O(chunk), and
+// the backward recomputes each chunk's experts before differentiating them.
 #pragma once
 
 #include <array>
@@ -37,7 +44,17 @@ struct ActivationOptions {
   bool recompute = false;
   int64_t lm_head_chunk = 1024;
   int moe_chunks = 1;  // ep > 1: the expert dispatchers' chunks
+  // Tokens per chunk of the MoE block (router → dispatch → experts → combine) and the dense FFN;
+  // 0, or at least the micro-batch's tokens: the whole micro-batch at once (nothing recomputed).
+  int64_t moe_chunk = 0;
+  // With recompute: layers [0, host_layers) keep their saved tensors in pinned host memory, the
+  // others on the device; layers [0, keep_attention) keep their attention output and lse.
+  int host_layers = 0, keep_attention = 0;
   DType compute = DType::F32;
+
+  // The chunk in use for T tokens (T when the block runs unchunked).
+  int64_t chunk_tokens(int64_t T) const { return moe_chunk > 0 && moe_chunk < T ? moe_chunk : T; }
+  bool chunked(int64_t T) const { return chunk_tokens(T) < T; }
 };
 
 // Arena slots of one layer's activations; -1 where the layer has no such buffer.
@@ -47,6 +64,9 @@ struct ActSlots {
   int logits = -1, probs = -1, rlse = -1, topk_idx = -1, topk_w = -1, counts = -1, offsets = -1;
   int perm_src = -1, slot_of = -1, aux_grad = -1, xp = -1, gu = -1, h = -1, yp = -1;
   int offsets_host = -1;  // host mirror slot: offsets (grouped GEMMs size their groups on the host)
+  // Chunked MoE: one chunk's route plan (perm_src, slot_of above cover the whole micro-batch and
+  // give the counts the load-balancing loss needs).
+  int c_counts = -1, c_offsets = -1, c_perm_src = -1, c_slot_of = -1, c_offsets_host = -1;
   int q_full = -1, k_full = -1, v_full = -1, attn_full = -1;  // Ulysses: head-sharded, full sequences
   int xp_local = -1, yp_local = -1;  // ep > 1: rows of this rank's experts from every rank
   int shared_gu = -1, shared_h = -1;  // shared expert
@@ -75,6 +95,15 @@ struct ActivationLayout {
   std::vector<BufferSpec> host;    // the host mirrors (pinned next to a GPU)
   std::vector<int> xs;             // layer inputs x_0..x_L (x_L feeds the final norm)
   std::vector<ActSlots> sets;
+  // Saved tensors per layer (recompute): the host slot of the input (-1: on the device; then
+  // xs[l] is its own slot, else one of the two stages it passes through); the kept attention
+  // output [T,Q] and lse [T·Nq] on the device (attn_saved) or in host memory (attn_host), -1
+  // where the layer recomputes its attention.
+  std::vector<int> xs_host, attn_saved, lse_saved, attn_host, lse_host;
+  // With recompute, the q/k projections before their norms are transient: forward writes them
+  // into the (then unused) gradient buffers dattn and dk_raw, and the backward projects them
+  // again into q and k (free once attention's backward has run) for the norms' backward.
+  bool qk_raw_recomputed = false;
   SharedSlots shared;
   // Allocated by their owners next to the arena: the Ulysses exchange or ring attention (device),
   // and the expert dispatchers (one per activation set; device index maps, host offsets).

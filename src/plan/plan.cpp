@@ -143,6 +143,86 @@ std::vector<bool> place_state(Plan& p, const ModelLayout& local, size_t device_u
   return on_host;
 }
 
+// The MoE block's chunk: pinned, or with recompute on micro-batches longer than kAutoMoeChunk
+// tokens chunks of that many (the experts are recomputed anyway; 32768 tokens route 2048 rows to
+// each of 128 experts, where the grouped GEMMs run near their best).
+constexpr int64_t kAutoMoeChunk = 32768;
+int64_t moe_chunk(const Config& cfg, int64_t tokens) {
+  const int64_t c = cfg.train.moe_chunk;
+  if (c >= 0) return c;
+  return cfg.train.recompute && tokens > kAutoMoeChunk ? kAutoMoeChunk : 0;
+}
+
+// With recompute: which layers keep their attention output (layers [0, keep)) and which keep their
+// saved tensors in pinned host memory (layers [0, host)). Pinned counts are taken as given; the
+// plan's choice keeps as many attention outputs as memory holds (each saves a recomputed
+// attention) with as few host layers as the device needs (their copies hide behind the layers'
+// compute), planned with every optimizer state that may live on the host there — the state takes
+// what device memory is left afterwards (place_state).
+void place_saved(Plan& p, const ModelDims& local_dims) {
+  ActivationOptions& ao = p.activation_options;
+  const Config& cfg = p.cfg;
+  const int L = int(p.dims.layers);
+  ao.host_layers = ao.keep_attention = 0;
+  if (!ao.recompute) return;
+  const bool can_keep = p.cp == 1 || p.ring;
+  const int pin_keep = int(cfg.train.keep_attention), pin_host = int(cfg.train.offload_layers);
+  if (p.run.device == Device::CPU) {  // one memory: nothing to offload
+    ao.keep_attention = pin_keep >= 0 ? pin_keep : (can_keep ? L : 0);
+    ao.host_layers = std::max(0, pin_host);
+    return;
+  }
+  const std::string& mode = cfg.optim.state_placement;
+  const ModelLayout local = ModelLayout::build(local_dims);
+  Plan trial = p;
+  if (mode != "gpu") trial.state_on_host.assign(local.params.size(), true);
+  // Only the activations change from trial to trial.
+  trial.activations = plan_activations(local_dims, trial.activation_options);
+  const MemoryPlan base = trial.memory_of_rank(0);
+  auto fits = [&](int keep, int host) {
+    trial.activation_options.keep_attention = keep, trial.activation_options.host_layers = host;
+    const ActivationLayout act = plan_activations(local_dims, trial.activation_options);
+    trial.memory = base;
+    trial.memory.activations = act.device_bytes();
+    trial.memory.host_activations = act.host_bytes();
+    return plan_overflow(trial).empty();
+  };
+  const int keep_hi = pin_keep >= 0 ? pin_keep : (can_keep ? L : 0), keep_lo = pin_keep >= 0 ? pin_keep : 0;
+  const int host_lo = pin_host >= 0 ? pin_host : 0, host_hi = pin_host >= 0 ? pin_host : L;
+  // More host layers take device memory off and put host memory on; more kept layers take both.
+  // So for each kept count the fewest host layers that fit the device is a bisection, and the
+  // kept counts that fit at all are a prefix from keep_lo: bisect them too.
+  auto fewest_host = [&](int keep) {  // -1: no host count fits
+    if (!fits(keep, host_hi)) {
+      // The device may not fit even with every layer on the host, or the host may not: try the
+      // device-side end too (host memory only grows with host layers).
+      for (int h = host_lo; h < host_hi; ++h)
+        if (fits(keep, h)) return h;
+      return -1;
+    }
+    int lo = host_lo, hi = host_hi;  // fits(hi)
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (fits(keep, mid)) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+  };
+  if (int h = fewest_host(keep_hi); h >= 0) {
+    ao.keep_attention = keep_hi, ao.host_layers = h;
+    return;
+  }
+  int lo = keep_lo, hi = keep_hi - 1, best = -1, best_host = -1;  // the most kept layers that fit
+  while (lo <= hi) {
+    const int mid = (lo + hi) / 2;
+    if (int h = fewest_host(mid); h >= 0) best = mid, best_host = h, lo = mid + 1; else hi = mid - 1;
+  }
+  if (best >= 0) {
+    ao.keep_attention = best, ao.host_layers = best_host;
+    return;
+  }
+  ao.keep_attention = keep_lo, ao.host_layers = host_hi;  // does not fit: the fit check says why
+}
+
 }  // namespace
 
 bool Plan::owns(int rank, int p) const {
@@ -276,10 +356,22 @@ Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_
   ao.lm_head_chunk = cfg.train.lm_head_chunk;
   ao.moe_chunks = p.moe_chunks;
   ao.compute = p.run.compute;
-  p.activations = plan_activations(local_dims, ao);
-
+  ao.moe_chunk = moe_chunk(cfg, int64_t(ao.max_batch) * ao.max_seq);
   for (const ParamDef& d : local.params) p.expert_param.push_back(d.kind == ParamKind::Experts);
   if (par.zero && world > 1) p.owner = assign_owners(local, world, p.edp);
+  place_saved(p, local_dims);
+  p.activations = plan_activations(local_dims, ao);
+  {
+    const int64_t T = int64_t(ao.max_batch) * ao.max_seq;
+    std::string note = "activations: ";
+    note += ao.chunked(T) ? "MoE/FFN in chunks of " + std::to_string(ao.chunk_tokens(T)) + " tokens"
+                          : "MoE/FFN over the whole micro-batch";
+    if (ao.recompute)
+      note += "; recompute, " + std::to_string(ao.keep_attention) + " of " + std::to_string(p.dims.layers) +
+              " layers keep their attention, " + std::to_string(ao.host_layers) +
+              " keep their saved tensors in host memory";
+    p.notes.push_back(note);
+  }
 
   // State placement needs what the device holds besides the state: plan that first.
   MemoryPlan base = p.memory_of_rank(0);

@@ -68,12 +68,14 @@ class Model {
     charge(OpCategory::DenseGemm, f / t.at(f) * slowdown + d_.launch_seconds);
     flop(f);
   }
-  void grouped(double rows, double n, double k, Pass pass, double slowdown) {
+  // Grouped GEMMs over `rows` routed rows in all, in launches of `rows_per_call` (one chunk).
+  void grouped(double rows, double n, double k, Pass pass, double slowdown, double rows_per_call) {
     const double f = 2 * rows * n * k;
     if (f <= 0) return;
-    const double per_expert = rows / double(std::max<int64_t>(1, p_.dims.experts / p_.ep));
+    const double calls = std::max(1.0, std::round(rows / rows_per_call));
+    const double per_expert = rows_per_call / double(std::max<int64_t>(1, p_.dims.experts / p_.ep));
     const RateTable& t = pass == Pass::Fwd ? d_.grouped_fwd : pass == Pass::Dgrad ? d_.grouped_dgrad : d_.grouped_wgrad;
-    charge(OpCategory::Experts, f / t.at(std::max(1.0, per_expert)) * slowdown + d_.launch_seconds);
+    charge(OpCategory::Experts, f / t.at(std::max(1.0, per_expert)) * slowdown + calls * d_.launch_seconds);
     flop(f);
   }
   void mem(OpCategory cat, double bytes, double bw) {
@@ -122,8 +124,13 @@ class Model {
   void layer_bwd(int l, double T);
   void moe_fwd(double T);
   void moe_bwd(double T);
+  void experts_fwd_chunks(double T);
   void ffn(double T, double F, bool backward);
+  void ffn_gate_up(double T, double F);  // a chunked FFN's backward recomputes gate/up and SwiGLU
+  void offload(const std::vector<double>& fwd, const std::vector<double>& bwd, double T);
   void experts(double T, bool backward);
+  double chunk(double T) const { return double(p_.activation_options.chunk_tokens(int64_t(T))); }
+  bool chunked(double T) const { return chunk(T) < T; }
   void optimizer();
   void grad_sums(const std::vector<double>& segment_backward_end, double backward_end);
   void host_update(const std::vector<double>& fwd_segment, double step_compute_before_copy);
@@ -223,11 +230,42 @@ void Model::ffn(double T, double F, bool backward) {
   gemm(2 * F, H, T, Pass::Wgrad);
 }
 
+void Model::ffn_gate_up(double T, double F) {
+  gemm(T, 2 * F, double(p_.dims.hidden), Pass::Fwd);
+  mem(OpCategory::Experts, op_bytes::swiglu(T, F, c_, false), d_.swiglu_bw);
+}
+
+// Saved tensors in host memory, per micro-batch: a host layer's input x_j and kept attention go
+// out while layers j and j+1 run forward (its stage is rewritten by x_{j+2}), and come back while
+// the layer after it runs backward (layer j+1's, or the LM head's for the last layer); a copy
+// longer than its window is exposed.
+void Model::offload(const std::vector<double>& fwd, const std::vector<double>& bwd, double T) {
+  const ActivationOptions& o = p_.activation_options;
+  if (o.host_layers == 0 || p_.run.device == Device::CPU) return;
+  const ModelDims& d = p_.dims;
+  const int L = int(d.layers);
+  double total = 0, exposed = 0;
+  for (int j = 0; j < o.host_layers; ++j) {
+    double bytes = T * double(d.hidden) * c_;
+    if (j < o.keep_attention) bytes += T * double(d.q_width()) * c_ + T * double(d.heads) * 4;
+    const double out = bytes / l_.d2h, in = bytes / l_.h2d;
+    const double out_window = fwd[size_t(j + 1)] + (j + 2 <= L ? fwd[size_t(j + 2)] : 0);
+    const double in_window = j + 1 < L ? bwd[size_t(j + 2)] : bwd[size_t(L + 1)];
+    total += out + in;
+    exposed += std::max(0.0, out - out_window) + std::max(0.0, in - in_window);
+  }
+  set(kAttention, Phase::Backward);
+  charge(OpCategory::Other, exposed);
+  st_.offload_copies += total * repeat_;
+  st_.offload_exposed += exposed * repeat_;
+}
+
 // The routed experts and their exchange: dispatch → experts → combine, in chunks.
 void Model::experts(double T, bool backward) {
   const ModelDims& d = p_.dims;
   const double H = double(d.hidden), F = double(d.expert_ffn), K = double(d.top_k);
   const double rows = T * K;  // balanced routing: every rank receives as many rows as it sends
+  const double call = chunk(T) * K, chunks = T / chunk(T);  // a chunked block: per chunk
   double exchange = 0;
   double slowdown = 1;
   if (p_.ep > 1) {
@@ -236,21 +274,21 @@ void Model::experts(double T, bool backward) {
   }
   const double before = st_.seconds[size_t(OpCategory::Experts)];
   if (!backward) {
-    grouped(rows, 2 * F, H, Pass::Fwd, slowdown);
+    grouped(rows, 2 * F, H, Pass::Fwd, slowdown, call);
     mem(OpCategory::Experts, op_bytes::swiglu(rows, F, c_, false), d_.swiglu_bw);
-    grouped(rows, H, F, Pass::Fwd, slowdown);
+    grouped(rows, H, F, Pass::Fwd, slowdown, call);
   } else {
-    grouped(rows, F, H, Pass::Dgrad, slowdown);
-    grouped(rows, H, F, Pass::Wgrad, slowdown);
+    grouped(rows, F, H, Pass::Dgrad, slowdown, call);
+    grouped(rows, H, F, Pass::Wgrad, slowdown, call);
     mem(OpCategory::Experts, op_bytes::swiglu(rows, F, c_, true), d_.swiglu_bw);
-    grouped(rows, H, 2 * F, Pass::Dgrad, slowdown);
-    grouped(rows, 2 * F, H, Pass::Wgrad, slowdown);
+    grouped(rows, H, 2 * F, Pass::Dgrad, slowdown, call);
+    grouped(rows, 2 * F, H, Pass::Wgrad, slowdown, call);
   }
   if (p_.ep > 1) {
     const double experts_time = (st_.seconds[size_t(OpCategory::Experts)] - before) / repeat_;
     // Gathers into and out of expert-major order, and the counts' host all-to-all (forward).
     mem(OpCategory::RouterPermute, 2 * op_bytes::gather(rows, H, c_), d_.permute_bw);
-    if (!backward) exposed_comm(l_.node_latency + d_.sync_seconds);
+    if (!backward) exposed_comm(chunks * (l_.node_latency + d_.sync_seconds));
     const double c = std::min<double>(p_.moe_chunks, double(d.experts / p_.ep));
     const double exposed = exchange / c + std::max(0.0, exchange * (1 - 1 / c) - experts_time);
     overlapped_comm(exchange, exposed);
@@ -268,8 +306,9 @@ void Model::moe_fwd(double T) {
   if (p_.cp > 1) exposed_comm(all_reduce(E * 4, cp_group_));
   mem(OpCategory::RouterPermute, T * E * 4, d_.router_bw);
   mem(OpCategory::RouterPermute, op_bytes::gather(T * K, H, c_), d_.permute_bw);
-  set(kExperts, phase_);
-  experts(T, false);
+  // A chunked block's recompute stops at the router: its backward recomputes each chunk.
+  if (phase_ == Phase::Recompute && chunked(T)) return;
+  experts_fwd_chunks(T);
   set(kRouter, phase_);
   mem(OpCategory::RouterPermute, T * K * H * c_ + 2 * T * H * c_, d_.permute_bw);
   if (d.shared_ffn) {
@@ -278,9 +317,30 @@ void Model::moe_fwd(double T) {
   }
 }
 
+// The experts' forward; a chunked block plans each chunk's route (its group sizes to the host).
+void Model::experts_fwd_chunks(double T) {
+  const ModelDims& d = p_.dims;
+  if (chunked(T)) {
+    set(kRouter, phase_);
+    for (double i = 0; i < T / chunk(T); ++i) sync();
+    mem(OpCategory::RouterPermute, T * double(d.top_k) * 16, d_.permute_bw);
+  }
+  set(kExperts, phase_);
+  experts(T, false);
+}
+
 void Model::moe_bwd(double T) {
   const ModelDims& d = p_.dims;
   const double H = double(d.hidden), E = double(d.experts), K = double(d.top_k);
+  if (chunked(T)) {  // each chunk's experts again: gather, experts, and the combine's inputs
+    set(kRouter, phase_);
+    mem(OpCategory::RouterPermute, op_bytes::gather(T * K, H, c_), d_.permute_bw);
+    experts_fwd_chunks(T);
+    if (d.shared_ffn) {
+      set(kDenseFfn, phase_);
+      ffn_gate_up(T, double(d.shared_ffn));
+    }
+  }
   set(kRouter, phase_);
   mem(OpCategory::RouterPermute, 2 * T * K * H * c_ + T * H * c_, d_.permute_bw);
   set(kExperts, phase_);
@@ -313,10 +373,12 @@ void Model::layer_fwd(int l, double T) {
   }
   mem(OpCategory::Attention, op_bytes::rope(T, Q, c_), d_.rope_bw);
   mem(OpCategory::Attention, op_bytes::rope(T, KV, c_), d_.rope_bw);
-  attention_fwd(T);
+  // A layer that keeps its attention output does not recompute it.
+  if (!(phase_ == Phase::Recompute && l < p_.activation_options.keep_attention)) attention_fwd(T);
   mem(OpCategory::Other, 2 * T * H * c_, d_.copy_bw);
   gemm(T, H, Q, Pass::Fwd);
   norm(T, H, false);
+  if (phase_ == Phase::Recompute && chunked(T) && !d.is_moe(l)) return;
   mem(OpCategory::Other, 2 * T * H * c_, d_.copy_bw);
   if (d.is_moe(l)) {
     moe_fwd(T);
@@ -334,6 +396,7 @@ void Model::layer_bwd(int l, double T) {
   } else {
     set(kDenseFfn, phase_);
     mem(OpCategory::Other, T * H * c_, d_.copy_bw);
+    if (chunked(T)) ffn_gate_up(T, double(d.dense_ffn));  // each chunk's gate/up again
     ffn(T, double(d.dense_ffn), true);
   }
   set(kAttention, phase_);
@@ -343,6 +406,10 @@ void Model::layer_bwd(int l, double T) {
   attention_bwd(T);
   mem(OpCategory::Attention, op_bytes::rope(T, Q + KV, c_), d_.rope_bw);
   if (d.qk_norm) {
+    if (p_.activations.qk_raw_recomputed) {  // the norms' inputs projected again
+      gemm(T, Q, H, Pass::Fwd);
+      gemm(T, KV, H, Pass::Fwd);
+    }
     norm(T * d.heads, double(d.head_dim), true);
     norm(T * d.kv_heads, double(d.head_dim), true);
   }
@@ -521,6 +588,7 @@ StepTime Model::run() {
     set(kEmbedding, Phase::Backward);
     mem(OpCategory::Other, op_bytes::embedding(T, H, c_, true), d_.embedding_bw);
   });
+  offload(fwd, bwd, T);
 
   // Once per step: zero the gradients, read the losses, the optimizer.
   repeat_ = 1;

@@ -51,6 +51,7 @@ struct StepTime {
   bool host_two_pass = false;
   double grad_to_host = 0, weights_to_device = 0;  // pinned copies per step (s, hidden or not)
   double comm_total = 0;    // every collective's time, hidden or not
+  double offload_copies = 0, offload_exposed = 0;  // saved tensors to the host and back (s)
   double step = 0;          // predicted step time (s)
 
   const ComponentTime& of(StepComponent c) const { return components[size_t(c)]; }

@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -202,6 +203,17 @@ int host_cores() {
   if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
   const long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? int(n) : 1;
+}
+
+size_t peak_resident_bytes() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, "VmHWM:", 6) == 0) kib = size_t(std::strtoull(line + 6, nullptr, 10));
+  std::fclose(f);
+  return kib * 1024;
 }
 
 bool cuda_built() {

@@ -98,6 +98,9 @@ struct MemoryInfo {
 MemoryInfo memory_info(Device device);
 // Cores this process may run on (its affinity mask).
 int host_cores();
+// The most host memory this process has had resident (VmHWM; pinned buffers included), 0 where
+// the system does not tell.
+size_t peak_resident_bytes();
 
 // Devices: whether this binary has the CUDA backend, how many GPUs it sees, and the GPU of the
 // calling thread (one per local rank; threads that issue device work select it first).

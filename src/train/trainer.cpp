@@ -467,6 +467,9 @@ void Trainer::run() {
                    "({:+.1f}% of planned, {:+.1f}% of predicted)",
                    format_bytes(planned), format_bytes(predicted), format_bytes(used),
                    100.0 * (used - planned) / planned, 100.0 * (used - predicted) / predicted);
+      spdlog::info("host memory: the plan's pinned buffers {}, peak resident after step 1 {}",
+                   format_bytes(double(plan_.memory.host_total())),
+                   format_bytes(double(peak_resident_bytes())));
     }
     if (cfg_.checkpoint.interval > 0 && step_ % cfg_.checkpoint.interval == 0) save_checkpoint();
     if (stop_requested()) {

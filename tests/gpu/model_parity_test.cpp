@@ -37,7 +37,8 @@ struct Run {
   std::unique_ptr<ParamStore> params;
   std::unique_ptr<Optimizer> optim;
   std::unique_ptr<Transformer> model;
-  Run(const Config& cfg, bool gpu) {
+  // `placement`: the long-sequence options (chunked MoE, saved tensors on the host, kept attention).
+  Run(const Config& cfg, bool gpu, const ActivationOptions& placement = {}) {
     ops = gpu ? make_cuda_ops(0) : make_cpu_ops();
     layout = ModelLayout::build(ModelDims::from(cfg));
     MemKind mem = gpu ? MemKind::Device : MemKind::Host;
@@ -49,6 +50,7 @@ struct Run {
       for (int64_t i = 0; i < w.numel(); ++i) w.ptr<float>()[i] = round_bf16(w.ptr<float>()[i]);
     }
     TransformerOptions o;
+    o.plan = placement;
     o.plan.max_batch = int(cfg.train.micro_batch_size), o.plan.max_seq = int(cfg.data.seq_len);
     o.plan.lm_head_chunk = cfg.train.lm_head_chunk;
     model = std::make_unique<Transformer>(layout, *params, *ops, o);
@@ -60,7 +62,16 @@ struct Run {
 
 TEST_CASE("gpu model: loss and every gradient match the CPU reference", "[gpu][model]") {
   Config cfg = load_config_text(kModel);
-  Run cpu(cfg, false), gpu(cfg, true);
+  // Plain, and the long-sequence placements: recompute, the MoE/FFN block in chunks of a prime
+  // number of tokens (unaligned row slices), two layers' saved tensors in host memory (copied on
+  // the side stream) and one layer's attention kept there, one kept on the device.
+  ActivationOptions placement;
+  SECTION("plain") {}
+  SECTION("chunked, offloaded, attention kept") {
+    placement.recompute = true, placement.moe_chunk = 17, placement.host_layers = 2;
+    placement.keep_attention = 3;
+  }
+  Run cpu(cfg, false), gpu(cfg, true, placement);
   const int B = 3, S = 40, T = B * S;
   test::HostTensor ids(DType::I32, {T}), targets(DType::I32, {T}), pos(DType::I32, {T});
   int valid = 0;

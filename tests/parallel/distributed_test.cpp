@@ -261,7 +261,8 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
   // heads: "num_heads: …, num_kv_heads: …"; impl: parallel.attention.impl.
   const std::string kHeads = "num_heads: 8, num_kv_heads: 4";
   auto yaml = [&](int cp, int ep, const std::string& ckpt, const std::string& impl = "auto",
-                  const std::string& heads = "num_heads: 8, num_kv_heads: 4", int chunks = 2) {
+                  const std::string& heads = "num_heads: 8, num_kv_heads: 4", int chunks = 2,
+                  const std::string& train_extra = "") {
     return "model: {vocab_size: 257, hidden_size: 32, num_layers: 2, " + heads + ", "
            "head_dim: 8, init_std: 0.1}\n"
            "moe: {num_experts: 8, top_k: 2, expert_ffn: 16, shared_expert_ffn: 8, aux_loss_coef: 0.05, "
@@ -269,7 +270,7 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
            "optim: {lr: 0.01, warmup_steps: 0, grad_clip: 0.3}\n"
            "data: {paths: [" + root + "/corpus], seq_len: 32, eod_mask_loss: true}\n"
            "train: {steps: 3, global_batch_size: 4, micro_batch_size: 1, eval_interval: 0, device: " +
-           std::string(on_gpu() ? "cuda" : "cpu") + "}\n"
+           std::string(on_gpu() ? "cuda" : "cpu") + train_extra + "}\n"
            "parallel: {attention: {cp: " + std::to_string(cp) + ", dp: " + std::to_string(N / cp) +
            ", impl: " + impl + "}, moe: {ep: " + std::to_string(ep) + ", dp: " + std::to_string(N / ep) +
            ", chunks: " + std::to_string(chunks) + "}}\n"
@@ -279,10 +280,14 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
   // heads, which no cp > 1 here divides: auto must pick ring attention (Ulysses would refuse them).
   // The expert exchange runs in 2 chunks (the default), and also in 1 and in 3 (uneven: 1, 1 and
   // 2 of ep 2's 4 local experts).
+  // Then the long-sequence placements on N ranks: the MoE block in token chunks of 5 (a prime;
+  // each chunk exchanged over the ep group) with recompute, saved tensors "on the host" and kept
+  // attention (on CPU ranks the copies are memcpys through the same stages and events).
   struct Run {
     int cp, ep;
     std::string impl, heads;
     int chunks = 2;
+    std::string train_extra;
   };
   std::vector<Run> runs;
   for (int cp : {1, 2, 4})
@@ -293,11 +298,14 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
   for (int cp : {2, 4}) runs.push_back({cp, 2, "auto", "num_heads: 6, num_kv_heads: 3"});
   runs.push_back({1, 2, "auto", kHeads, 1});
   runs.push_back({1, 2, "auto", kHeads, 3});
+  const std::string kLong = ", recompute: true, moe_chunk: 5, offload_layers: 1, keep_attention: 2";
+  for (int ep : {2, 4}) runs.push_back({1, ep, "auto", kHeads, 2, kLong});
+  runs.push_back({2, 2, "ring", kHeads, 2, kLong});
   for (const Run& run : runs) {
     const int cp = run.cp, ep = run.ep;
     if (N % cp || N % ep) continue;
     INFO("N " << N << " cp " << cp << " ep " << ep << " impl " << run.impl << " " << run.heads
-              << " chunks " << run.chunks);
+              << " chunks " << run.chunks << run.train_extra);
     World wn;
     wn.rank = me, wn.size = N, wn.mpi = true;
     wn.local_rank = me;  // one host: rank r drives GPU r (GPU runs), as World::init would
@@ -305,7 +313,7 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
     World w1;
     w1.local_rank = me;
     w1.comm = make_self_comm();
-    Config cn = load_config_text(yaml(cp, ep, root + "/n", run.impl, run.heads, run.chunks));
+    Config cn = load_config_text(yaml(cp, ep, root + "/n", run.impl, run.heads, run.chunks, run.train_extra));
     Config c1 = load_config_text(yaml(1, 1, root + "/one_" + std::to_string(me), "auto", run.heads));
     c1.parallel = ParallelConfig{};
     Trainer tn(cn, wn), t1(c1, w1);

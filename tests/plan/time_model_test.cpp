@@ -53,29 +53,36 @@ double seconds(const Plan& p, OpCategory c) { return p.time.seconds[size_t(c)]; 
 }  // namespace
 
 TEST_CASE("time model: compute categories are FLOPs and bytes over the machine's rates", "[cpu][plan]") {
-  for (bool recompute : {false, true}) {
-    INFO("recompute " << recompute);
+  // Plain; recompute with every attention output kept (the plan's choice here); recompute with none.
+  for (int variant : {0, 1, 2}) {
+    const bool recompute = variant > 0, attn_again = variant == 2;
+    INFO("recompute " << recompute << ", attention recomputed " << attn_again);
     const Config cfg = config(std::string("\ntrain: {global_batch_size: 4, micro_batch_size: 2, device: cuda, recompute: ") +
-                              (recompute ? "true" : "false") + "}");
+                              (recompute ? "true" : "false") + (attn_again ? ", keep_attention: 0" : "") + "}");
     const Plan p = make_plan(cfg, synthetic(), 1);
+    REQUIRE(p.activation_options.keep_attention == (variant == 1 ? 3 : 0));
     const double m = p.micro_batches, T = 2 * 128, H = 64, Q = 64, KV = 32, E = 8, K = 2, F = 32, Fd = 48;
     const double V = 1000, L = 3, moe = 2, dense = 1, S = 128, B = 2, c = 2;
     REQUIRE(m == 2);
     // Dense GEMMs: q, k, v, o per layer, the router per MoE layer, the dense FFN: forward once,
-    // backward twice (data and weight gradient), and once more forward when recomputing.
+    // backward twice (data and weight gradient), and once more forward when recomputing — then
+    // the q/k projections once more for their norms' backward.
     const double fwd_dense = 2 * T * H * (Q + 2 * KV + Q) * L + 2 * T * E * H * moe + 2 * T * H * 3 * Fd * dense;
-    CHECK(seconds(p, OpCategory::DenseGemm) == Approx(m * fwd_dense * (3 + recompute) / kFlops).epsilon(kRel));
+    const double qk_again = recompute ? 2 * T * H * (Q + KV) * L : 0;
+    CHECK(seconds(p, OpCategory::DenseGemm) ==
+          Approx(m * (fwd_dense * (3 + recompute) + qk_again) / kFlops).epsilon(kRel));
     // Experts: T·K rows through gate/up and down (3 GEMMs each way), SwiGLU 3F + 5F elements per
     // row; the dense FFN's SwiGLU counts here too (as TimedOps files it).
     const double rows = T * K;
     const double expert_flops = 2 * rows * H * 3 * F * moe * (3 + recompute);
     const double swiglu = (rows * F * moe + T * Fd * dense) * c * (3 * (1 + recompute) + 5);
     CHECK(seconds(p, OpCategory::Experts) == Approx(m * (expert_flops / kFlops + swiglu / kBw)).epsilon(kRel));
-    // Attention: causal FLOPs 2·B·S²·heads·D forward, 2.5× backward; RoPE reads and writes q and k.
+    // Attention: causal FLOPs 2·B·S²·heads·D forward, 2.5× backward, once more forward where a
+    // recomputing layer does not keep its output; RoPE reads and writes q and k.
     const double attn = 2 * B * S * S * Q * L;
     const double rope = 2 * T * (Q + KV) * c * L * (2 + recompute);
     CHECK(seconds(p, OpCategory::Attention) ==
-          Approx(m * ((attn * (1 + recompute + 2.5)) / kFlops + rope / kBw)).epsilon(kRel));
+          Approx(m * ((attn * (1 + attn_again + 2.5)) / kFlops + rope / kBw)).epsilon(kRel));
     // LM head + loss: the logits once forward, three times backward.
     CHECK(seconds(p, OpCategory::Loss) == Approx(m * 8 * T * V * H / kFlops).epsilon(kRel));
     // Nothing to communicate on one rank; the step is the sum of the categories.

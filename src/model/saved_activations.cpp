@@ -1,0 +1,113 @@
+// Saved tensors between forward and backward, and their copies to and from host memory (see
+// saved_activations.h). Events per layer order the copy stream against the compute stream:
+//   input_out  — x_l is on the host: its stage may be rewritten (x_{l+2} in forward);
+//   input_in   — x_l is back in its stage: layer l's recompute may read it;
+//   attn_out   — layer l's attention is on the host: the set's attn/lse may be rewritten;
+//   attn_in    — layer l's attention is back in the set: its recompute may read it.
+#include "model/saved_activations.h"
+
+#include "core/error.h"
+
+namespace mop {
+
+SavedActivations::SavedActivations(Ops& ops, const ActivationLayout& plan, const Arena& device,
+                                   const Arena& host)
+    : ops_(ops), plan_(plan), device_(device), host_(host), compute_(ops.stream()),
+      copy_(ops.device()), layers_(plan.xs_host.size()), compute_point_(ops.device()),
+      copy_done_(ops.device()) {
+  for (PerLayer& p : layers_)
+    for (Event* e : {&p.input_out, &p.input_in, &p.attn_out, &p.attn_in}) *e = Event(ops.device());
+}
+
+SavedActivations::~SavedActivations() { copy_.get().synchronize(); }
+
+bool SavedActivations::any_on_host() const {
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (input_on_host(int(l)) || attention_on_host(int(l))) return true;
+  return false;
+}
+
+void SavedActivations::after_compute(Event& e) {
+  e.record(compute_);
+  copy_.get().wait(e);
+}
+
+namespace {
+// `bytes` from the start of src to the start of dst (a tensor and the slot that holds it).
+void copy(const Tensor& dst, const Tensor& src, size_t bytes, Stream stream) {
+  MOP_CHECK(bytes <= dst.bytes() && bytes <= src.bytes(), "saved activations: ", bytes,
+            " bytes between ", src.shape_str(), " and ", dst.shape_str());
+  copy_async(dst.data, src.data, bytes, stream);
+}
+}  // namespace
+
+void SavedActivations::before_input_written(int l) {
+  // x_l's stage last held x_{l-2}.
+  if (l >= int(layers_.size()) || !input_on_host(l) || l < 2) return;
+  compute_.wait(layers_[size_t(l - 2)].input_out);
+}
+
+void SavedActivations::input_written(int l, int64_t rows) {
+  if (l >= int(layers_.size()) || !input_on_host(l)) return;
+  PerLayer& p = layers_[size_t(l)];
+  after_compute(compute_point_);
+  const Tensor x = device_.tensor(plan_.xs[size_t(l)]).rows(0, rows);
+  copy(host_.tensor(plan_.xs_host[size_t(l)]), x, x.bytes(), copy_.get());
+  p.input_out.record(copy_.get());
+  p.input_fetched = false;
+}
+
+void SavedActivations::before_set_attention_written() {
+  if (last_attn_out_ >= 0) compute_.wait(layers_[size_t(last_attn_out_)].attn_out);
+}
+
+void SavedActivations::attention_written(int l, const Tensor& attn, const Tensor& lse) {
+  if (!attention_on_host(l)) return;
+  PerLayer& p = layers_[size_t(l)];
+  after_compute(compute_point_);
+  copy(host_.tensor(plan_.attn_host[size_t(l)]), attn, attn.bytes(), copy_.get());
+  copy(host_.tensor(plan_.lse_host[size_t(l)]), lse, lse.bytes(), copy_.get());
+  p.attn_out.record(copy_.get());
+  last_attn_out_ = l;
+}
+
+void SavedActivations::fetch_input(int l, int64_t rows) {
+  if (l < 0 || !input_on_host(l) || layers_[size_t(l)].input_fetched) return;
+  PerLayer& p = layers_[size_t(l)];
+  // The stage's previous reader (x_{l+2}'s layer, or the forward) has been issued before now.
+  after_compute(compute_point_);
+  const Tensor x = device_.tensor(plan_.xs[size_t(l)]).rows(0, rows);
+  copy(x, host_.tensor(plan_.xs_host[size_t(l)]), x.bytes(), copy_.get());
+  p.input_in.record(copy_.get());
+  p.input_fetched = true;
+}
+
+void SavedActivations::wait_input(int l) {
+  if (!input_on_host(l)) return;
+  MOP_CHECK(layers_[size_t(l)].input_fetched, "saved activations: layer ", l, "'s input was not fetched");
+  compute_.wait(layers_[size_t(l)].input_in);
+}
+
+void SavedActivations::fetch_attention(int l, Tensor attn, Tensor lse) {
+  if (l < 0 || !attention_on_host(l)) return;
+  PerLayer& p = layers_[size_t(l)];
+  after_compute(compute_point_);
+  copy(attn, host_.tensor(plan_.attn_host[size_t(l)]), attn.bytes(), copy_.get());
+  copy(lse, host_.tensor(plan_.lse_host[size_t(l)]), lse.bytes(), copy_.get());
+  p.attn_in.record(copy_.get());
+}
+
+void SavedActivations::wait_attention(int l) {
+  if (attention_on_host(l)) compute_.wait(layers_[size_t(l)].attn_in);
+}
+
+void SavedActivations::finish() {
+  // The compute stream waits for the last copies (all of them are on the one copy stream).
+  if (!any_on_host()) return;
+  copy_done_.record(copy_.get());
+  compute_.wait(copy_done_);
+  last_attn_out_ = -1;
+  for (PerLayer& p : layers_) p.input_fetched = false;
+}
+
+}  // namespace mop

@@ -1,0 +1,71 @@
+// The saved tensors of a recomputing model between its forward and its backward: each layer's
+// input and, where the activation plan keeps it, its attention output and lse (plan/activations.h).
+// Layers whose saved tensors live in pinned host memory pass them through device buffers: the
+// input through one of two stages, the attention through the activation set's own attn/lse. A
+// side copy stream takes them to the host as forward writes them and brings them back one layer
+// ahead in backward; the compute stream waits only where a buffer is reused or read.
+//
+// On the CPU every copy is done when issued (runtime.h), so the same calls run in the CPU tests,
+// where a wrong stage or a missing copy changes the results.
+#pragma once
+
+#include <vector>
+
+#include "core/memory.h"
+#include "ops/ops.h"
+#include "plan/activations.h"
+#include "runtime/runtime.h"
+
+namespace mop {
+
+class SavedActivations {
+ public:
+  // `device` and `host` are the model's arenas laid out from `plan` (allocated before use).
+  SavedActivations(Ops& ops, const ActivationLayout& plan, const Arena& device, const Arena& host);
+  ~SavedActivations();
+
+  bool input_on_host(int l) const { return plan_.xs_host[size_t(l)] >= 0; }
+  bool attention_kept(int l) const { return attention_on_device(l) || attention_on_host(l); }
+  bool attention_on_device(int l) const { return plan_.attn_saved[size_t(l)] >= 0; }
+  bool attention_on_host(int l) const { return plan_.attn_host[size_t(l)] >= 0; }
+  bool any_on_host() const;
+
+  // Forward. Before x_l is written (into its stage: its previous occupant must be on the host),
+  // and once it is (start its copy out).
+  void before_input_written(int l);
+  void input_written(int l, int64_t rows);
+  // Before any attention output is written into the activation set's attn/lse, and once a
+  // host-kept layer's is (start its copy out).
+  void before_set_attention_written();
+  void attention_written(int l, const Tensor& attn, const Tensor& lse);
+
+  // Backward. Queue x_l's copy back into its stage (no-op on the device or when queued), and make
+  // the compute stream wait for it.
+  void fetch_input(int l, int64_t rows);
+  void wait_input(int l);
+  // Queue a host-kept layer's attention back into the set's attn/lse (once the later layer's
+  // backward has read them), and wait for it before the recompute reads them.
+  void fetch_attention(int l, Tensor attn, Tensor lse);
+  void wait_attention(int l);
+  // After the backward: nothing is in flight.
+  void finish();
+
+ private:
+  void after_compute(Event& e);  // records on the compute stream, the copy stream waits for it
+
+  Ops& ops_;
+  const ActivationLayout& plan_;
+  const Arena& device_;
+  const Arena& host_;
+  Stream compute_;
+  OwnedStream copy_;
+  struct PerLayer {
+    Event input_out, input_in, attn_out, attn_in;
+    bool input_fetched = false;
+  };
+  std::vector<PerLayer> layers_;
+  Event compute_point_, copy_done_;
+  int last_attn_out_ = -1;  // the host-kept layer whose attention copy out was issued last
+};
+
+}  // namespace mop
