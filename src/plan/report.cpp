@@ -136,8 +136,16 @@ std::string plan_text(const Plan& p) {
                                                std::to_string(p.segment_on_host.size()) + " segments in host memory" +
                                                (p.time.host_two_pass ? ", two passes" : "");
   row("optimizer", state, 0, 0, &opt);
-  row("layer inputs", p.cfg.train.recompute ? "kept; the rest recomputed" : "kept with every activation",
-      double(p.memory.activations_by_component[size_t(Component::Checkpoints)]), 0, nullptr);
+  const ActivationOptions& ao = p.activation_options;
+  std::string saved = "kept with every activation";
+  if (ao.recompute) {
+    saved = ao.host_layers ? std::to_string(ao.host_layers) + "/" + std::to_string(p.dims.layers) + " on the host"
+                           : std::string("on the GPU");
+    if (ao.keep_attention) saved += "; " + std::to_string(ao.keep_attention) + " keep attention";
+    saved += "; rest recomputed";
+  }
+  row("layer inputs", saved, double(p.memory.activations_by_component[size_t(Component::Checkpoints)]),
+      ao.host_layers ? double(p.activations.host_arena_bytes()) : 0, nullptr);
   row("act. gradients", "shared by the layers",
       double(p.memory.activations_by_component[size_t(Component::Gradients)]), 0, nullptr);
   if (p.world > 1) row("gradient sums", p.cfg.parallel.overlap_grad_reduce ? "per segment, own stream" : "in turn",
@@ -163,6 +171,9 @@ std::string plan_text(const Plan& p) {
   if (t.comm_total > 0)
     o += "  collectives " + ms(t.comm_total) + " in all, " + ms(t.seconds[size_t(OpCategory::Communication)]) +
          " exposed\n";
+  if (t.offload_copies > 0)
+    o += "  saved tensors to the host and back " + ms(t.offload_copies) + ", " + ms(t.offload_exposed) +
+         " exposed\n";
   if (p.host_params > 0)
     o += "  host update " + ms(t.host_update) + " until the new weights" +
          (t.host_two_pass ? " + " + ms(t.host_state) + " state pass" : std::string()) + ", " +
@@ -187,6 +198,10 @@ Json plan_json(const Plan& p) {
   f["micro_batch_size"] = p.cfg.train.micro_batch_size;
   f["micro_batches"] = p.micro_batches;
   f["recompute"] = p.cfg.train.recompute;
+  const int64_t tokens = int64_t(p.activation_options.max_batch) * p.activation_options.max_seq;
+  f["moe_chunk_tokens"] = p.activation_options.chunk_tokens(tokens);
+  f["keep_attention_layers"] = p.activation_options.keep_attention;
+  f["host_layers"] = p.activation_options.host_layers;
   f["zero"] = !p.owner.empty();
   f["state_placement"] = p.cfg.optim.state_placement;
   Json seg = Json::array();
@@ -222,6 +237,7 @@ Json plan_json(const Plan& p) {
   time["components"] = comps;
   time["host_update"] = t.host_update, time["host_state"] = t.host_state;
   time["host_exposed"] = t.host_exposed, time["host_two_pass"] = t.host_two_pass;
+  time["offload_copies"] = t.offload_copies, time["offload_exposed"] = t.offload_exposed;
   time["comm_total"] = t.comm_total;
   time["step"] = t.step;
   time["tokens_per_second"] = t.tokens_per_second(p);

@@ -51,6 +51,7 @@ TEST_CASE("plan: memory per class equals the trainer's allocation on one rank", 
     int micro_batch;
     std::string placement, moe_extra, model_extra;
     int lm_head_chunk;
+    std::string train_extra = "";  // the long-sequence placements
   };
   const std::vector<Case> cases = {
       {false, 1, "auto", "", "", 1024},
@@ -60,11 +61,16 @@ TEST_CASE("plan: memory per class equals the trainer's allocation on one rank", 
       {false, 4, "auto", "shared_expert_ffn: 12", "tie_embeddings: true", 1024},
       {true, 1, "host", "first_dense_layers: 2", "qk_norm: false", 3},
       {false, 2, "gpu", "num_experts: 5, top_k: 5", "", 16},
+      {true, 2, "auto", "first_dense_layers: 1, dense_ffn: 24, shared_expert_ffn: 12", "", 5,
+       ", moe_chunk: 7, offload_layers: 2, keep_attention: 1"},
+      {true, 1, "host", "", "", 1024, ", moe_chunk: 1, offload_layers: 3, keep_attention: 3"},
+      {false, 1, "auto", "", "", 1024, ", moe_chunk: 5"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     INFO("case " << i << ": recompute " << c.recompute << ", micro-batch " << c.micro_batch << ", state "
-                 << c.placement << ", " << c.moe_extra << " " << c.model_extra << ", chunk " << c.lm_head_chunk);
+                 << c.placement << ", " << c.moe_extra << " " << c.model_extra << ", chunk " << c.lm_head_chunk
+                 << c.train_extra);
     const std::string yaml =
         "model: {vocab_size: 257, hidden_size: 24, num_layers: 3, num_heads: 4, num_kv_heads: 2, head_dim: 6" +
         std::string(c.model_extra.empty() ? "" : ", " + c.model_extra) + "}\n" +
@@ -73,7 +79,7 @@ TEST_CASE("plan: memory per class equals the trainer's allocation on one rank", 
         "data: {paths: [" + dir / "corpus" + "], seq_len: 13}\n" +
         "train: {steps: 1, global_batch_size: 4, micro_batch_size: " + std::to_string(c.micro_batch) +
         ", device: cpu, recompute: " + (c.recompute ? "true" : "false") +
-        ", lm_head_chunk: " + std::to_string(c.lm_head_chunk) + "}\n" +
+        ", lm_head_chunk: " + std::to_string(c.lm_head_chunk) + c.train_extra + "}\n" +
         "checkpoint: {dir: " + dir / ("ckpt" + std::to_string(i)) + ", save_final: false}\n";
     const Config cfg = load_config_text(yaml);
     World w;
