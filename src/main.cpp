@@ -1,6 +1,8 @@
 // mop — command-line entry point: parses the subcommand, runs it, maps errors to exit codes
 // (0 success, 2 bad input or usage, 1 internal failure; a failing rank of a multi-rank job aborts
 // the whole job).
+#include <algorithm>
+
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
@@ -118,6 +120,17 @@ int main(int argc, char** argv) {
 
   auto* ref = app.add_subcommand("config-reference", "Print the configuration reference (Markdown)");
 
+  // A mistyped command would reach CLI11 as a stray argument ("A subcommand is required").
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+      names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), std::string(argv[1])) == names.end()) {
+      std::fprintf(stderr, "error: unknown command '%s'%s\nRun 'mop --help' for usage.\n", argv[1],
+                   mop::did_you_mean(argv[1], names).c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <yaml-cpp/yaml.h>
+
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -23,6 +25,26 @@
 namespace mop::test {
 
 inline bool launched_by_mpi() { return mop::launched_by_mpi(); }
+
+// A config text with `extra`'s keys laid over `base`'s, section by section (configs refuse a key
+// given twice, so tests that vary a base config merge instead of appending).
+inline void merge_yaml_into(YAML::Node into, const YAML::Node& extra) {
+  for (const auto& kv : extra) {
+    const std::string key = kv.first.Scalar();
+    if (into[key] && into[key].IsMap() && kv.second.IsMap())
+      merge_yaml_into(into[key], kv.second);
+    else
+      into[key] = kv.second;
+  }
+}
+inline std::string merge_yaml(const std::string& base, const std::string& extra) {
+  YAML::Node out = YAML::Load(base);
+  const YAML::Node more = YAML::Load(extra);
+  if (more && more.IsMap()) merge_yaml_into(out, more);
+  YAML::Emitter e;
+  e << out;
+  return std::string(e.c_str()) + "\n";
+}
 
 inline bool gpu_available() {
 #ifdef MOP_HAVE_CUDA

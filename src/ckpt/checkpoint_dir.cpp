@@ -236,4 +236,29 @@ std::vector<fs::path> prune_checkpoints(const fs::path& root, int keep_last) {
   return removed;
 }
 
+std::vector<fs::path> remove_checkpoint_leftovers(const fs::path& root) {
+  std::vector<fs::path> removed;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return removed;
+  const std::optional<std::string> latest = read_latest(root);
+  std::vector<fs::path> doomed;
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+    if (!e.is_directory(ec)) continue;
+    const std::string name = e.path().filename().string();
+    const bool tmp = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0 &&
+                     parse_checkpoint_dir_name(name.substr(0, name.size() - 4));
+    const bool incomplete = parse_checkpoint_dir_name(name) && !is_complete_checkpoint(e.path()) &&
+                            !(latest && *latest == name);
+    if (tmp || incomplete) doomed.push_back(e.path());
+  }
+  if (ec) throw_user_error("cannot list checkpoint root ", root.string(), ": ", ec.message());
+  std::sort(doomed.begin(), doomed.end());
+  for (const fs::path& d : doomed) {
+    remove_all_or_throw(d);
+    removed.push_back(d);
+  }
+  if (!removed.empty()) fsync_path(root);
+  return removed;
+}
+
 }  // namespace mop

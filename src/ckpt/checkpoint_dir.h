@@ -83,4 +83,9 @@ std::optional<std::filesystem::path> resolve_resume(const std::filesystem::path&
 std::vector<std::filesystem::path> prune_checkpoints(const std::filesystem::path& root,
                                                      int keep_last);
 
+// Removes what interrupted work leaves in `root`: step_N.tmp directories (a save that was killed)
+// and step_N directories without a manifest (a prune cut short), but never the one `latest`
+// names. Only for the run that holds the directory, at its start. Returns what was removed.
+std::vector<std::filesystem::path> remove_checkpoint_leftovers(const std::filesystem::path& root);
+
 }  // namespace mop

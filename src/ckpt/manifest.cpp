@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <system_error>
 
+#include "ckpt/checkpoint_dir.h"
 #include "ckpt/file_io.h"
 #include "ckpt/sha256.h"
 #include "core/error.h"
@@ -89,6 +90,23 @@ Manifest read_manifest(const std::filesystem::path& dir) {
 
 Manifest verify_checkpoint(const std::filesystem::path& dir) {
   Manifest m = read_manifest(dir);
+  const std::string where = "checkpoint " + dir.string();
+  // The directory's name and the manifest's step agree (a manifest copied into the wrong step).
+  const std::string name = dir.filename().string();
+  if (std::optional<int64_t> named = parse_checkpoint_dir_name(name))
+    MOP_USER_CHECK(*named == m.step, where, ": manifest.json says step ", m.step, " in a directory named ",
+                   name, "; the checkpoint is inconsistent, resume from another");
+  // Every tensor file there is one the manifest lists (and so hashes): nothing else is loaded.
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string file = entry.path().filename().string();
+    if (!file.ends_with(".safetensors")) continue;
+    const bool listed = std::any_of(m.files.begin(), m.files.end(),
+                                    [&](const ManifestFile& f) { return f.name == file; });
+    MOP_USER_CHECK(listed, where, ": ", file, " is not listed in manifest.json (a file from another "
+                   "run or step?); remove it, or resume from another checkpoint");
+  }
+  if (ec) throw_user_error(where, ": cannot list: ", ec.message());
   for (const ManifestFile& f : m.files) {
     const std::string fw = "checkpoint " + dir.string() + ": " + f.name;
     const std::filesystem::path path = dir / f.name;

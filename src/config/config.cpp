@@ -39,7 +39,8 @@ std::string last_segment(const std::string& path) {
   return dot == std::string::npos ? path : path.substr(dot + 1);
 }
 
-// " (did you mean moe.top_k?)" or "" when nothing is close.
+}  // namespace
+
 std::string did_you_mean(const std::string& path, const std::vector<std::string>& known) {
   std::string best;
   size_t best_d = std::numeric_limits<size_t>::max();
@@ -50,6 +51,8 @@ std::string did_you_mean(const std::string& path, const std::vector<std::string>
   size_t limit = std::max<size_t>(2, last_segment(path).size() / 3);
   return best_d <= limit ? " (did you mean " + best + "?)" : "";
 }
+
+namespace {
 
 std::string shortest_double(double v) {
   char buf[40];
@@ -115,9 +118,14 @@ class Loader {
   }
 
   void walk(const YAML::Node& map, const std::string& prefix) {
+    std::map<std::string, int> seen;  // key → its line: a repeated key is refused, not overwritten
     for (const auto& kv : map) {
       std::string key = kv.first.Scalar();
       std::string path = prefix.empty() ? key : prefix + "." + key;
+      const int line = kv.first.Mark().line + 1;
+      if (auto [it, fresh] = seen.emplace(key, line); !fresh)
+        fail(kv.first, "", "duplicate key " + path + " (first given on line " + std::to_string(it->second) +
+                               "); give each key once");
       if (FieldSpec* f = find(path)) {
         set_field(*f, kv.second, located(kv.second, path));
       } else if (prefixes_.count(path)) {
@@ -317,6 +325,9 @@ Config load_config_text(const std::string& text, const std::vector<std::string>&
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;
+  MOP_USER_CHECK(!std::filesystem::is_directory(path, ec), "config file ", path,
+                 " is a directory; give the YAML file itself (a checkpoint directory holds "
+                 "config.resolved.yaml)");
   MOP_USER_CHECK(std::filesystem::is_regular_file(path, ec), "config file ", path, " not found");
   std::ifstream in(path);
   MOP_USER_CHECK(in.good(), "config file ", path, " cannot be read");

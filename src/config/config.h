@@ -161,4 +161,8 @@ std::string dump_config(const Config& cfg);
 // Markdown table of every key: path, type, default, description (README's config reference).
 std::string config_reference_markdown();
 
+// " (did you mean moe.top_k?)" for the nearest of `known` to a mistyped (dotted) name, or "" when
+// nothing is close.
+std::string did_you_mean(const std::string& name, const std::vector<std::string>& known);
+
 }  // namespace mop

@@ -73,12 +73,12 @@ std::vector<Tensor> host_state(const Optimizer& optim, int n, int which, std::ve
 // The tensor files of a checkpoint with this prefix ("model" or "optimizer"): one file, or one per
 // writing rank ("model-rank1-of-4.safetensors"); tensors are found by name in any of them, so a
 // checkpoint loads under any rank layout.
-std::vector<SafetensorsFile> open_shards(const std::string& dir, const std::string& prefix) {
+// Only files the (verified) manifest lists are read.
+std::vector<SafetensorsFile> open_shards(const std::string& dir, const Manifest& m, const std::string& prefix) {
   std::vector<SafetensorsFile> files;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    std::string name = entry.path().filename().string();
-    if (name.rfind(prefix, 0) == 0 && name.ends_with(".safetensors")) files.emplace_back(entry.path());
-  }
+  for (const ManifestFile& f : m.files)
+    if (f.name.rfind(prefix, 0) == 0 && f.name.ends_with(".safetensors"))
+      files.emplace_back(std::filesystem::path(dir) / f.name);
   MOP_USER_CHECK(!files.empty(), "checkpoint ", dir, ": no ", prefix, "*.safetensors");
   return files;
 }
@@ -216,15 +216,19 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
     for (size_t p = 0; p < dst.size(); ++p)
       if (dst[p].data && dst[p].device != Device::CPU) optim.ops().copy(dst[p], host[p]);
   };
-  load_state(open_shards(dir, "model"), "", 0);
+  load_state(open_shards(dir, m, "model"), "", 0);
   TrainerState st;
   st.step = m.step;
   st.consumed_samples = m.state.at("consumed_samples", where).as_int64(where + ": consumed_samples");
   st.optimizer_updates = m.state.at("optimizer_updates", where).as_int64(where + ": optimizer_updates");
   st.seed = m.state.at("seed", where).as_uint64(where + ": seed");
   st.data_fingerprint = m.state.at("data_fingerprint", where).as_uint64(where + ": data_fingerprint");
+  MOP_USER_CHECK(st.optimizer_updates >= 0 && st.optimizer_updates <= st.step && st.consumed_samples >= 0,
+                 where, ": counters disagree with step ", st.step, " (optimizer_updates ",
+                 st.optimizer_updates, ", consumed_samples ", st.consumed_samples,
+                 "); the checkpoint is inconsistent, resume from another");
   if (optim_state) {
-    std::vector<SafetensorsFile> f = open_shards(dir, "optimizer");
+    std::vector<SafetensorsFile> f = open_shards(dir, m, "optimizer");
     load_state(f, ".exp_avg", 1);
     load_state(f, ".exp_avg_sq", 2);
     optim.set_updates(st.optimizer_updates);

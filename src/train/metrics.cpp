@@ -4,6 +4,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 #include <vector>
@@ -26,19 +27,44 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
-// Keeps the lines of steps ≤ resume_step (a resumed run rewrites the rest).
+// Keeps the lines of steps ≤ resume_step (a resumed run rewrites the rest). A last line that does
+// not parse or lacks its newline is what a crash in mid-write leaves: dropped with a warning.
+// Anything else that is not a metrics line is named by file and line.
 void truncate_after(const std::string& path, int64_t resume_step) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) return;
-  std::vector<std::string> keep;
-  for (std::string line; std::getline(in, line);) {
-    auto pos = line.find("\"step\":");
-    if (pos == std::string::npos) continue;
-    if (std::stoll(line.substr(pos + 7)) <= resume_step) keep.push_back(line);
-  }
+  std::stringstream whole;
+  whole << in.rdbuf();
   in.close();
+  const std::string text = whole.str();
+  std::vector<std::string> keep;
+  size_t begin = 0;
+  for (int64_t line_no = 1; begin < text.size(); ++line_no) {
+    const size_t end = text.find('\n', begin);
+    const bool complete = end != std::string::npos;
+    const std::string line = text.substr(begin, (complete ? end : text.size()) - begin);
+    begin = complete ? end + 1 : text.size();
+    const bool last = begin >= text.size();
+    if (line.empty()) continue;
+    const std::string where = path + ":" + std::to_string(line_no);
+    int64_t step = -1;
+    try {
+      const Json j = parse_json(line, where);
+      if (const Json* v = j.find("step"); v && v->is_integer()) step = v->as_int64(where);
+    } catch (const UserError&) {
+      step = -1;
+    }
+    if (step < 0 || !complete) {
+      MOP_USER_CHECK(last, where, ": not a metrics line (each line is a JSON object with a \"step\"); "
+                     "fix or remove it to resume");
+      spdlog::warn("{}: dropping a torn last line (a run stopped while writing it)", where);
+      continue;
+    }
+    if (step <= resume_step) keep.push_back(line);
+  }
   std::ofstream out(path, std::ios::trunc);
   for (const auto& l : keep) out << l << "\n";
+  MOP_USER_CHECK(out.good(), path, ": cannot rewrite the metrics file");
 }
 
 }  // namespace
@@ -50,6 +76,7 @@ MetricsLog::MetricsLog(const std::string& path, int64_t total_steps, int64_t int
   std::filesystem::path p(path);
   std::error_code ec;
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
+  path_ = path;
   if (resume_step > 0)
     truncate_after(path, resume_step);
   file_.open(path, resume_step > 0 ? std::ios::app : std::ios::trunc);
@@ -72,12 +99,23 @@ void MetricsLog::record(const StepMetrics& m) {
   interval_offload_.wait_seconds += m.offload.wait_seconds;
   if (file_.is_open()) {
     Json j = Json::object();
+    // JSON has no NaN or Inf: a non-finite value is written as null and its key listed in
+    // "nonfinite" (a skipped step's loss, say).
+    Json nonfinite = Json::array();
+    auto number = [&](const char* key, double v) {
+      if (std::isfinite(v)) {
+        j[key] = v;
+      } else {
+        j[key] = Json(nullptr);
+        nonfinite.push_back(std::string(key) + (std::isnan(v) ? ": nan" : v > 0 ? ": inf" : ": -inf"));
+      }
+    };
     j["step"] = m.step;
-    j["loss"] = m.loss;
-    j["aux_loss"] = m.aux_loss;
-    j["z_loss"] = m.z_loss;
-    j["lr"] = m.lr;
-    j["grad_norm"] = std::isfinite(m.grad_norm) ? Json(m.grad_norm) : Json(nullptr);
+    number("loss", m.loss);
+    number("aux_loss", m.aux_loss);
+    number("z_loss", m.z_loss);
+    number("lr", m.lr);
+    number("grad_norm", m.grad_norm);
     j["step_seconds"] = m.step_seconds;
     j["tokens"] = m.tokens;
     j["model_tflops"] = m.model_flops / std::max(m.step_seconds, 1e-9) / 1e12;
@@ -98,9 +136,12 @@ void MetricsLog::record(const StepMetrics& m) {
       j["host_optimizer"] = std::move(o);
     }
     if (m.skipped) j["skipped"] = true;
-    if (m.val_loss >= 0) j["val_loss"] = m.val_loss;
+    if (m.val_loss >= 0 || std::isnan(m.val_loss)) number("val_loss", m.val_loss);
+    if (nonfinite.size() > 0) j["nonfinite"] = std::move(nonfinite);
     file_ << j.dump() << "\n";
     file_.flush();
+    MOP_USER_CHECK(file_.good(), "log.metrics_file: writing ", path_,
+                   " failed (is the disk full?); the run stops rather than lose its metrics");
   }
   bool last = m.step == total_steps_;
   if (m.step % interval_ == 0 || last || m.val_loss >= 0) {

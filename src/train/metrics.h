@@ -1,6 +1,6 @@
 // Step metrics: the per-interval log line (spdlog, rank 0 unless log.all_ranks) and the same
 // values for every step as JSON lines in the metrics file (losses at full precision, so runs can
-// be compared bit for bit).
+// be compared bit for bit; non-finite values as null, listed under "nonfinite").
 #pragma once
 
 #include <cstdint>
@@ -37,6 +37,7 @@ class MetricsLog {
 
  private:
   std::ofstream file_;
+  std::string path_;
   int64_t total_steps_, interval_;
   bool write_;
   double peak_flops_ = 0;

@@ -14,6 +14,7 @@
 #include <optional>
 #include <utility>
 
+#include "ckpt/checkpoint_dir.h"
 #include "core/error.h"
 #include "ops/timed_ops.h"
 #include "optim/schedule.h"
@@ -448,8 +449,15 @@ bool Trainer::stop_requested() {
 }
 
 void Trainer::run() {
+  // SIGTERM, SIGINT and SIGUSR1 (Slurm's usual preemption notice, --signal=USR1@N) all stop the
+  // run at the next step boundary with a checkpoint, so that a requeue resumes.
   auto prev_term = std::signal(SIGTERM, on_stop_signal);
   auto prev_int = std::signal(SIGINT, on_stop_signal);
+  auto prev_usr1 = std::signal(SIGUSR1, on_stop_signal);
+  // What an interrupted save or prune left behind (the run holds the directory from here on).
+  if (world_.is_root())
+    for (const auto& gone : remove_checkpoint_leftovers(cfg_.checkpoint.dir))
+      spdlog::warn("removed {}: left by an interrupted checkpoint save or prune", gone.string());
   spdlog::info("training steps {} → {}", step_ + 1, cfg_.train.steps);
   while (step_ < cfg_.train.steps) {
     StepMetrics sm;
@@ -488,6 +496,7 @@ void Trainer::run() {
     save_checkpoint();
   std::signal(SIGTERM, prev_term);
   std::signal(SIGINT, prev_int);
+  std::signal(SIGUSR1, prev_usr1);
 }
 
 }  // namespace mop

@@ -38,7 +38,7 @@ class Trainer {
  public:
   Trainer(Config cfg, World& world);
   ~Trainer();
-  // Trains to train.steps (or until SIGTERM/SIGINT, after which it checkpoints and returns).
+  // Trains to train.steps (or until SIGTERM/SIGINT/SIGUSR1, after which it checkpoints and returns).
   void run();
   int64_t step() const { return step_; }
   const Config& config() const { return cfg_; }

@@ -184,3 +184,44 @@ TEST_CASE("prune keeps the newest, the one latest names, and .tmp dirs", "[cpu][
   CHECK(prune_checkpoints(root, 1).empty());
   CHECK(prune_checkpoints(tmp / "missing", 3).empty());
 }
+
+TEST_CASE("leftovers: killed saves and pruning cut short are removed at start", "[cpu][ckpt]") {
+  ckpt_test::TempDir tmp;
+  const fs::path root = tmp.path;
+  for (int64_t s : {10, 20}) commit_step(root, s);
+  fs::create_directories(root / "step_30.tmp");   // a save killed before its rename
+  ckpt_test::write_bytes(root / "step_30.tmp" / "model.safetensors", "partial");
+  fs::create_directories(root / "step_5");        // a prune cut short: manifest gone first
+  fs::create_directories(root / "notes");         // not ours
+  fs::create_directories(root / "step_x.tmp");    // not a checkpoint name
+  std::vector<fs::path> removed = remove_checkpoint_leftovers(root);
+  CHECK(removed == std::vector<fs::path>{root / "step_30.tmp", root / "step_5"});
+  CHECK(fs::exists(root / "notes"));
+  CHECK(fs::exists(root / "step_x.tmp"));
+  CHECK(list_checkpoints(root).size() == 2);
+  CHECK(resolve_resume(root, ResumeMode::Auto) == root / "step_20");
+  // The directory `latest` names is left alone even when incomplete (resume reports it).
+  fs::create_directories(root / "step_40");
+  ckpt_test::write_bytes(root / "latest", "step_40\n");
+  CHECK(remove_checkpoint_leftovers(root).empty());
+  CHECK(remove_checkpoint_leftovers(tmp.path / "missing").empty());
+}
+
+TEST_CASE("verify: only listed tensor files, and the step its directory names", "[cpu][ckpt]") {
+  ckpt_test::TempDir tmp;
+  const fs::path root = tmp.path;
+  const fs::path dir = commit_step(root, 20);
+  CHECK(verify_checkpoint(dir).step == 20);
+  // An extra tensor file (another run's, a stray shard) is refused, named.
+  ckpt_test::write_bytes(dir / "model-rank1-of-2.safetensors", "stray");
+  CHECK_THROWS_WITH(verify_checkpoint(dir), Catch::Matchers::Contains(
+                                                "model-rank1-of-2.safetensors is not listed in manifest.json"));
+  fs::remove(dir / "model-rank1-of-2.safetensors");
+  // A manifest whose step disagrees with the directory's name (copied into the wrong step).
+  fs::copy(dir, root / "step_30", fs::copy_options::recursive);
+  CHECK_THROWS_WITH(verify_checkpoint(root / "step_30"),
+                    Catch::Matchers::Contains("manifest.json says step 20 in a directory named step_30"));
+  // A directory whose name is not a step name is taken as it is.
+  fs::copy(dir, root / "final", fs::copy_options::recursive);
+  CHECK(verify_checkpoint(root / "final").step == 20);
+}

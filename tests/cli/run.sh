@@ -55,6 +55,13 @@ expect 2 "--config is required" -- train
 
 # Config problems.
 expect 2 "config file missing.yaml not found" -- train --config missing.yaml
+expect 2 "unknown command 'trian' (did you mean train?)" -- trian --config good.yaml
+mkdir -p a_directory
+expect 2 "config file a_directory is a directory" -- train --config a_directory
+printf 'model: {hidden_size: 16, num_layers: 2, hidden_size: 32}\n' > dup_key.yaml
+expect 2 "dup_key.yaml:1: duplicate key model.hidden_size" -- validate --config dup_key.yaml
+printf 'train: {steps: 2}\nmodel: {hidden_size: 16}\ntrain: {steps: 3}\n' > dup_section.yaml
+expect 2 "dup_section.yaml:3: duplicate key train (first given on line 1)" -- validate --config dup_section.yaml
 printf 'model:\n  hidden_size: [1, 2\n' > bad_yaml.yaml
 expect 2 "malformed YAML" -- validate --config bad_yaml.yaml
 expect 2 "--set moe.topk: unknown key (did you mean moe.top_k?)" -- validate --config good.yaml --set moe.topk=2
@@ -106,6 +113,16 @@ expect 0 "done at step 4" -- train --config good.yaml
 test -f ckpt/step_4/manifest.json || { echo "FAIL: no checkpoint written"; failures=$((failures + 1)); }
 expect 2 "nothing to do" -- train --config good.yaml
 expect 0 "resumed from" -- train --config good.yaml --set train.steps=6
+# metrics.jsonl: a torn last line (a crash in mid-write) is dropped on resume; a malformed line
+# before it stops the resume, named; a metrics file that cannot be written stops the run.
+printf '{"step": 7, "lo' >> ckpt/metrics.jsonl
+expect 0 "dropping a torn last line" -- train --config good.yaml --set train.steps=7
+python3 -c "import json; [json.loads(l) for l in open('ckpt/metrics.jsonl')]" \
+  || { echo "FAIL: metrics.jsonl is not JSON lines after a resume over a torn line"; failures=$((failures + 1)); }
+sed -i '2s/.*/garbage/' ckpt/metrics.jsonl
+expect 2 "ckpt/metrics.jsonl:2: not a metrics line" -- train --config good.yaml --set train.steps=8
+sed -i '2d' ckpt/metrics.jsonl
+expect 2 "log.metrics_file: writing /dev/full failed" -- train --config good.yaml --set train.steps=2 --set checkpoint.dir=ckpt_full --set log.metrics_file=/dev/full
 expect 2 "model.hidden_size 16 → 32" -- train --config good.yaml --set train.steps=8 --set model.hidden_size=32
 expect 2 "checkpoint ckpt/step_999: not found" -- train --config good.yaml --set train.steps=8 --resume ckpt/step_999
 mkdir -p ckpt/step_50
@@ -115,6 +132,26 @@ python3 -c "import json,sys; d=json.load(open('ckpt_trace/trace_step_2.json')); 
   || { echo "FAIL: the Chrome trace is not valid JSON with events"; failures=$((failures + 1)); }
 expect 0 "line" -- generate --checkpoint ckpt --prompt "line 1" --tokens 20 --temperature 0
 expect 2 "no checkpoint found" -- generate --checkpoint nowhere --prompt x
+
+# SIGUSR1 (Slurm's preemption notice), SIGTERM and SIGINT stop training at the next step with a
+# checkpoint, exit 0, and the next run resumes from it.
+for sig in USR1 TERM INT; do
+  "$mop" train --config good.yaml --set train.steps=100000000 --set checkpoint.dir="ckpt_$sig" \
+    --set log.interval=1 > "sig_$sig.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 600); do grep -qE 'step +[0-9]+/' "sig_$sig.log" && break; sleep 0.1; done
+  kill -"$sig" "$pid"
+  wait "$pid"
+  rc=$?
+  if [ "$rc" != 0 ] || ! grep -q "stop requested by signal" "sig_$sig.log" || [ ! -e "ckpt_$sig/latest" ]; then
+    echo "FAIL: SIG$sig did not checkpoint and exit 0 (exit $rc):"
+    tail -n 5 "sig_$sig.log" | sed 's/^/    /'
+    failures=$((failures + 1))
+  else
+    echo "ok: SIG$sig checkpointed and exited 0"
+  fi
+done
+expect 0 "resumed from" -- train --config good.yaml --set train.steps=100000000 --set checkpoint.dir=ckpt_USR1 --set train.exit_interval=1
 
 # Hugging Face interop and scoring: bad input exits 2 with the problem named; a small round trip.
 expect 2 "import-hf: hf-missing: not a directory" -- import-hf hf-missing --out ckpt_hf

@@ -71,10 +71,10 @@ TEST_CASE("plan: memory per class equals the trainer's allocation on one rank", 
     INFO("case " << i << ": recompute " << c.recompute << ", micro-batch " << c.micro_batch << ", state "
                  << c.placement << ", " << c.moe_extra << " " << c.model_extra << ", chunk " << c.lm_head_chunk
                  << c.train_extra);
-    const std::string yaml =
-        "model: {vocab_size: 257, hidden_size: 24, num_layers: 3, num_heads: 4, num_kv_heads: 2, head_dim: 6" +
-        std::string(c.model_extra.empty() ? "" : ", " + c.model_extra) + "}\n" +
-        "moe: {num_experts: 4, top_k: 2, expert_ffn: 10" + (c.moe_extra.empty() ? "" : ", " + c.moe_extra) + "}\n" +
+    const std::string yaml = test::merge_yaml(
+        "model: {vocab_size: 257, hidden_size: 24, num_layers: 3, num_heads: 4, num_kv_heads: 2, head_dim: 6}\n"
+        "moe: {num_experts: 4, top_k: 2, expert_ffn: 10}\n",
+        "model: {" + c.model_extra + "}\nmoe: {" + c.moe_extra + "}\n") +
         "optim: {state_placement: " + c.placement + "}\n" +
         "data: {paths: [" + dir / "corpus" + "], seq_len: 13}\n" +
         "train: {steps: 1, global_batch_size: 4, micro_batch_size: " + std::to_string(c.micro_batch) +

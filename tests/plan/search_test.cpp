@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "catch.h"
+#include "test_util.h"
 #include "config/config.h"
 #include "plan/machine.h"
 #include "plan/search.h"
@@ -19,12 +20,12 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // q3moe-8l's geometry at 16K tokens: 5.6B parameters, ~100 GiB of weights, gradients and state.
 Config q3(const std::string& extra = "") {
-  return load_config_text(R"(
+  return load_config_text(test::merge_yaml(R"(
 model: {vocab_size: 151936, hidden_size: 2048, num_layers: 8, num_heads: 32, num_kv_heads: 4, head_dim: 128}
 moe: {num_experts: 128, top_k: 8, expert_ffn: 768}
 data: {seq_len: 16384}
 train: {global_batch_size: 2, micro_batch_size: 1, device: cuda}
-)" + extra);
+)", extra));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "catch.h"
+#include "test_util.h"
 #include "config/config.h"
 #include "plan/plan.h"
 
@@ -40,12 +41,12 @@ Machine synthetic() {
 }
 
 Config config(const std::string& extra = "") {
-  return load_config_text(R"(
+  return load_config_text(test::merge_yaml(R"(
 model: {vocab_size: 1000, hidden_size: 64, num_layers: 3, num_heads: 4, num_kv_heads: 2, head_dim: 16, qk_norm: true}
 moe: {num_experts: 8, top_k: 2, expert_ffn: 32, first_dense_layers: 1, dense_ffn: 48}
 data: {seq_len: 128}
 train: {global_batch_size: 4, micro_batch_size: 2, device: cuda}
-)" + extra);
+)", extra));
 }
 
 double seconds(const Plan& p, OpCategory c) { return p.time.seconds[size_t(c)]; }
