@@ -116,6 +116,7 @@ struct CheckpointConfig {
   int64_t keep_last = 3;
   std::string resume = "none";  // none | auto | PATH
   bool save_final = true;
+  std::string init_from;  // a checkpoint whose weights start a new run (fine-tune); empty: none
 };
 
 struct LogConfig {

@@ -23,6 +23,44 @@ Tensor hf_slice(const Tensor& param, const HfView& v) {
   return t;
 }
 
+}  // namespace
+
+std::string config_key_differences(const Config& saved, const Config& now,
+                                   std::initializer_list<const char*> prefixes) {
+  Config a = saved, b = now;
+  auto fa = config_schema(a), fb = config_schema(b);
+  auto text = [](const FieldSpec& f) -> std::string {
+    switch (f.kind) {
+      case FieldSpec::Kind::Int: return std::to_string(*static_cast<int64_t*>(f.ptr));
+      case FieldSpec::Kind::Float: {
+        char buf[40];
+        std::snprintf(buf, sizeof buf, "%.17g", *static_cast<double*>(f.ptr));
+        return buf;
+      }
+      case FieldSpec::Kind::Bool: return *static_cast<bool*>(f.ptr) ? "true" : "false";
+      case FieldSpec::Kind::String: return "\"" + *static_cast<std::string*>(f.ptr) + "\"";
+      case FieldSpec::Kind::StringList: {
+        std::string out = "[";
+        for (const std::string& v : *static_cast<std::vector<std::string>*>(f.ptr))
+          out += (out.size() > 1 ? ", " : "") + v;
+        return out + "]";
+      }
+    }
+    return "?";
+  };
+  std::string out;
+  for (size_t i = 0; i < fa.size(); ++i) {
+    bool wanted = false;
+    for (const char* p : prefixes) wanted = wanted || fa[i].path.rfind(p, 0) == 0;
+    if (!wanted) continue;
+    const std::string va = text(fa[i]), vb = text(fb[i]);
+    if (va != vb) out += (out.empty() ? "" : ", ") + fa[i].path + " " + va + " → " + vb;
+  }
+  return out;
+}
+
+namespace {
+
 // Keys under model./moe. whose values differ between two configs: "model.hidden_size 256 → 128".
 std::string shape_key_differences(const Config& saved, const Config& now) {
   Config a = saved, b = now;

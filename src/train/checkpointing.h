@@ -33,6 +33,10 @@ std::optional<std::string> resolve_resume_dir(const Config& cfg);
 
 // The resolved config stored in a checkpoint's manifest.
 Config checkpoint_config(const std::string& dir);
+// Config keys under the given prefixes ("model.", "moe.") whose values differ between two configs:
+// "model.qk_norm true → false, moe.top_k 8 → 4" ("" when none).
+std::string config_key_differences(const Config& saved, const Config& now,
+                                   std::initializer_list<const char*> prefixes);
 
 // Loads master weights (and, when `optim_state`, Adam moments) into `optim`; checks the stored
 // model shape against `cfg` (UserError naming the first differing key).

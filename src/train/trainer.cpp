@@ -5,6 +5,8 @@
 // gradient as one big batch.
 #include "train/trainer.h"
 
+#include <filesystem>
+
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -15,6 +17,7 @@
 #include <utility>
 
 #include "ckpt/checkpoint_dir.h"
+#include "ckpt/manifest.h"
 #include "core/error.h"
 #include "ops/timed_ops.h"
 #include "optim/schedule.h"
@@ -277,21 +280,55 @@ size_t Trainer::planned_device_bytes() const {
 
 void Trainer::resume_or_init() {
   std::optional<std::string> dir = resolve_resume_dir(cfg_);
+  if (!dir && !cfg_.checkpoint.init_from.empty()) {
+    // A new run from another checkpoint's weights: step 0, fresh optimizer state and data order.
+    const std::string& src = cfg_.checkpoint.init_from;
+    std::error_code ec;
+    MOP_USER_CHECK(std::filesystem::is_directory(src, ec), "checkpoint.init_from: ", src, ": not found");
+    // A step_N directory, or a checkpoint root (its latest complete checkpoint).
+    std::optional<std::filesystem::path> from =
+        is_complete_checkpoint(src) ? resolve_resume(src, ResumeMode::Path) : resolve_resume(src, ResumeMode::Auto);
+    MOP_USER_CHECK(from.has_value(), "checkpoint.init_from: ", src, ": no complete checkpoint there");
+    const std::string changed = config_key_differences(checkpoint_config(from->string()), cfg_, {"model.", "moe."});
+    optim_->init_weights(uint64_t(cfg_.train.seed));  // what the checkpoint lacks keeps its init
+    load_checkpoint(from->string(), cfg_, *params_, *optim_, /*optim_state=*/false);
+    optim_->set_updates(0);
+    schedule_->broadcast_weights();
+    spdlog::info("starting a new run from the weights of {}{}", from->string(),
+                 changed.empty() ? std::string() : " with model changes: " + changed);
+    return;
+  }
   if (!dir) {
     optim_->init_weights(uint64_t(cfg_.train.seed));
     return;
   }
+  // A resume continues the run the checkpoint belongs to, with the model it trained (init_std
+  // only shapes a fresh start). A checkpoint that consumed no data (an import) starts one.
+  const Config saved = checkpoint_config(*dir);
+  Config now = cfg_;
+  now.model.init_std = saved.model.init_std;
+  const std::string changed = config_key_differences(saved, now, {"model.", "moe."});
+  const Manifest manifest = read_manifest(*dir);
+  const bool started = manifest.state.find("consumed_samples") &&
+                       manifest.state.at("consumed_samples").as_int64() > 0;
+  MOP_USER_CHECK(changed.empty() || !started, "resume from ", *dir, ": the model differs from the "
+                 "checkpoint's: ", changed, ". A resume continues the checkpoint's run with its model; to "
+                 "start a new run from these weights on purpose, set checkpoint.init_from: ", *dir,
+                 " with a checkpoint.dir of its own");
+  if (!changed.empty()) spdlog::warn("starting from {} (no data consumed yet) with model changes: {}", *dir, changed);
   TrainerState st = load_checkpoint(*dir, cfg_, *params_, *optim_, /*optim_state=*/true);
   schedule_->broadcast_weights();  // each rank loaded the state it owns
   MOP_USER_CHECK(st.step < cfg_.train.steps, "checkpoint ", *dir, " is at step ", st.step,
                  ", which is not before train.steps (", cfg_.train.steps, "); nothing to do. "
                  "Raise train.steps to continue training");
   // An imported checkpoint (no samples consumed yet) has no data order to continue.
-  if (st.consumed_samples > 0 && st.data_fingerprint != loader_->fingerprint())
-    spdlog::warn("resuming from {}: the data, seq_len, seed or split differ from the checkpoint's; "
-                 "the data order will not continue where it stopped", *dir);
-  if (st.consumed_samples > 0 && st.seed != uint64_t(cfg_.train.seed))
-    spdlog::warn("resuming from {}: train.seed differs from the checkpoint's ({})", *dir, st.seed);
+  if (st.consumed_samples > 0 && st.data_fingerprint != loader_->fingerprint()) {
+    const std::string what = config_key_differences(saved, cfg_, {"data.", "train.seed"});
+    spdlog::warn("resuming from {}: {}; the data order will not continue where it stopped", *dir,
+                 what.empty() ? "the data files' contents differ from the checkpoint's" : what);
+  } else if (st.consumed_samples > 0 && st.seed != uint64_t(cfg_.train.seed)) {
+    spdlog::warn("resuming from {}: train.seed {} → {}", *dir, st.seed, cfg_.train.seed);
+  }
   step_ = st.step;
   consumed_samples_ = st.consumed_samples;
   last_saved_step_ = step_;

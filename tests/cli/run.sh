@@ -124,6 +124,14 @@ expect 2 "ckpt/metrics.jsonl:2: not a metrics line" -- train --config good.yaml 
 sed -i '2d' ckpt/metrics.jsonl
 expect 2 "log.metrics_file: writing /dev/full failed" -- train --config good.yaml --set train.steps=2 --set checkpoint.dir=ckpt_full --set log.metrics_file=/dev/full
 expect 2 "model.hidden_size 16 → 32" -- train --config good.yaml --set train.steps=8 --set model.hidden_size=32
+# A resume refuses model changes that keep every shape (they would change what the run trains),
+# naming them; checkpoint.init_from starts a new run from the weights on purpose.
+expect 2 "model.qk_norm true → false" -- train --config good.yaml --set train.steps=8 --set model.qk_norm=false
+expect 2 "moe.top_k 2 → 1, moe.aux_loss_coef" -- train --config good.yaml --set train.steps=8 --set moe.top_k=1 --set moe.aux_loss_coef=0.5
+expect 2 "set checkpoint.init_from: ckpt/step_" -- train --config good.yaml --set train.steps=8 --set model.rope_theta=5000
+expect 0 "with model changes: model.qk_norm true → false, moe.top_k 2 → 1" -- train --config good.yaml --set checkpoint.dir=ckpt_ft --set checkpoint.init_from=ckpt --set model.qk_norm=false --set moe.top_k=1 --set train.steps=2
+test -d ckpt_ft/step_2 || { echo "FAIL: the init_from run did not train from step 0 to 2"; failures=$((failures + 1)); }
+expect 2 "checkpoint.init_from: nowhere" -- train --config good.yaml --set checkpoint.dir=ckpt_ft2 --set checkpoint.init_from=nowhere --set train.steps=2
 expect 2 "checkpoint ckpt/step_999: not found" -- train --config good.yaml --set train.steps=8 --resume ckpt/step_999
 mkdir -p ckpt/step_50
 expect 2 "no manifest.json" -- train --config good.yaml --set train.steps=8 --resume ckpt/step_50
