@@ -117,6 +117,7 @@ struct CheckpointConfig {
   std::string resume = "none";  // none | auto | PATH
   bool save_final = true;
   std::string init_from;  // a checkpoint whose weights start a new run (fine-tune); empty: none
+  bool overwrite = false;  // resume: none in a directory holding a run replaces that run
 };
 
 struct LogConfig {

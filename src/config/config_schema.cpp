@@ -145,6 +145,7 @@ std::vector<FieldSpec> config_schema(Config& c) {
   s.i("checkpoint.keep_last", k.keep_last, 0, kMaxCount, "Keep the newest N checkpoints; 0: keep all.");
   s.s("checkpoint.resume", k.resume, {"none", "auto"}, "none, auto (latest complete checkpoint in dir, else fresh) or a checkpoint path.", true);
   s.b("checkpoint.save_final", k.save_final, "Save a checkpoint after the last step.");
+  s.b("checkpoint.overwrite", k.overwrite, "With checkpoint.resume: none, replace a run already in checkpoint.dir (its checkpoints are removed once the new run has started); without it such a start is refused.");
   s.s("checkpoint.init_from", k.init_from, {}, "Start a new run (step 0, fresh optimizer and data order) from this checkpoint's weights — a deliberate fine-tune, where model and MoE settings may differ from the checkpoint's as long as the tensors fit (changes are listed). Used only when checkpoint.resume finds nothing to resume in checkpoint.dir; a resume itself refuses any model or MoE change.");
 
   auto& g = c.log;

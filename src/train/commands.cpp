@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <numeric>
 
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/dir_lock.h"
 #include "config/config.h"
 #include "core/rng.h"
 #include "data/loader.h"
@@ -33,6 +35,24 @@ std::string human_count(double n) {
 
 }  // namespace
 
+namespace {
+
+// What of another run `cfg`'s checkpoint directory holds ("" when nothing): checkpoints, the
+// `latest` pointer, a metrics file.
+std::string existing_run(const Config& cfg) {
+  const std::filesystem::path dir = cfg.checkpoint.dir;
+  std::error_code ec;
+  const size_t n = list_checkpoints(dir).size();
+  if (n > 0) return std::to_string(n) + " checkpoint(s), the newest " + list_checkpoints(dir).back().dir.filename().string();
+  if (std::filesystem::exists(dir / "latest", ec)) return "a latest pointer";
+  const std::string metrics = cfg.log.metrics_file.empty() ? (dir / "metrics.jsonl").string() : cfg.log.metrics_file;
+  if (std::filesystem::is_regular_file(metrics, ec) && std::filesystem::file_size(metrics, ec) > 0)
+    return "its metrics in " + metrics;
+  return "";
+}
+
+}  // namespace
+
 int cmd_train(const TrainArgs& args, World& world) {
   std::vector<std::string> overrides = args.overrides;
   if (!args.resume.empty()) overrides.push_back("checkpoint.resume=" + args.resume);
@@ -41,12 +61,25 @@ int cmd_train(const TrainArgs& args, World& world) {
   Config cfg = load_config(args.config, overrides);
   setup_logging(cfg.log, world.rank, world.size);
   spdlog::info("mop {} | {} rank(s) | config {}", MOP_VERSION, world.size, args.config);
+  // The run holds its directory from here to its exit; a fresh run does not replace another
+  // run's checkpoints unless asked to.
+  DirLock lock;
+  const bool replace = world.is_root() && cfg.checkpoint.resume == "none" && cfg.checkpoint.overwrite;
   if (world.is_root()) {
-    std::error_code ec;
-    std::filesystem::create_directories(cfg.checkpoint.dir, ec);
-    MOP_USER_CHECK(!ec, "checkpoint.dir: cannot create ", cfg.checkpoint.dir, ": ", ec.message());
+    lock = DirLock::acquire(cfg.checkpoint.dir);
+    if (cfg.checkpoint.resume == "none" && !cfg.checkpoint.overwrite) {
+      const std::string run = existing_run(cfg);
+      MOP_USER_CHECK(run.empty(), "checkpoint.dir ", cfg.checkpoint.dir, " already holds a run (", run,
+                     ") and checkpoint.resume is none: continue it with checkpoint.resume: auto, give "
+                     "this run a checkpoint.dir of its own, or set checkpoint.overwrite: true to replace it");
+    }
   }
   Trainer trainer(std::move(cfg), world);
+  if (replace)
+    for (const CheckpointInfo& c : list_checkpoints(trainer.config().checkpoint.dir)) {
+      spdlog::warn("checkpoint.overwrite: removing the earlier run's {}", c.dir.string());
+      std::filesystem::remove_all(c.dir);
+    }
   // The configuration as planned (train.plan: auto writes its choices in).
   spdlog::info("resolved config:\n{}", dump_config(trainer.config()));
   if (world.is_root())

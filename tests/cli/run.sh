@@ -161,6 +161,24 @@ for sig in USR1 TERM INT; do
 done
 expect 0 "resumed from" -- train --config good.yaml --set train.steps=100000000 --set checkpoint.dir=ckpt_USR1 --set train.exit_interval=1
 
+# One run per checkpoint directory: a second is refused, naming the first; the lock file of a run
+# killed with -9 is taken over; a fresh start (resume: none) does not replace another run unless
+# checkpoint.overwrite says so, and then the earlier checkpoints go once the new run has started.
+"$mop" train --config good.yaml --set train.steps=100000000 --set checkpoint.dir=ckpt_lock \
+  --set log.interval=1 > lock_first.log 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do grep -qE 'step +[0-9]+/' lock_first.log && break; sleep 0.1; done
+expect 2 "checkpoint.dir ckpt_lock is in use by another run (host" -- train --config good.yaml --set checkpoint.dir=ckpt_lock
+kill -TERM "$pid"
+wait "$pid"
+printf 'host elsewhere pid 999999\n' > ckpt_lock/.lock
+expect 0 "taking over the lock of a run that is gone (host elsewhere pid 999999)" -- train --config good.yaml --set checkpoint.dir=ckpt_lock --set train.steps=100000000 --set train.exit_interval=1
+test -s ckpt_lock/.lock && { echo "FAIL: a run that ended left its lock file filled"; failures=$((failures + 1)); }
+expect 2 "checkpoint.dir ckpt_lock already holds a run" -- train --config good.yaml --set checkpoint.dir=ckpt_lock --set checkpoint.resume=none --set train.steps=2
+expect 0 "removing the earlier run's" -- train --config good.yaml --set checkpoint.dir=ckpt_lock --set checkpoint.resume=none --set checkpoint.overwrite=true --set train.steps=2
+[ "$(ls -d ckpt_lock/step_* | tr '\n' ' ')" = "ckpt_lock/step_2 " ] \
+  || { echo "FAIL: checkpoint.overwrite left $(ls -d ckpt_lock/step_*)"; failures=$((failures + 1)); }
+
 # Hugging Face interop and scoring: bad input exits 2 with the problem named; a small round trip.
 expect 2 "import-hf: hf-missing: not a directory" -- import-hf hf-missing --out ckpt_hf
 mkdir -p hf_bad
