@@ -61,9 +61,10 @@ void report(const std::string& name, bool valid, double ms, double flops, double
 
 int main(int argc, char** argv) {
   int n = 0;
-  MOP_CUDA_CHECK(cudaGetDeviceCount(&n));
-  if (n == 0) {
-    std::printf("no CUDA device\n");
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess || n == 0) {  // no GPU, or no driver for one
+    std::printf("mop_bench: no CUDA device here (%s)\n",
+                err != cudaSuccess ? cudaGetErrorString(err) : "none found");
     return 77;
   }
   int failures = 0;

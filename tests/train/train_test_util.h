@@ -36,10 +36,18 @@ inline RunResult run_command(const std::string& cmd) {
   return r;
 }
 
-// The mop binary: $MOP_BINARY when set (a build run on another machine), else this build's.
+// The mop binary: $MOP_BINARY when set; else the one beside this test binary (build/mop next to
+// build/tests/mop_tests, or in the same folder when the binaries were copied together), so a
+// build folder that moved still finds its own; else the build path compiled in.
 inline std::string mop_binary() {
   const char* env = std::getenv("MOP_BINARY");
-  return env && *env ? env : MOP_BINARY;
+  if (env && *env) return env;
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec)
+    for (const std::filesystem::path& p : {self.parent_path().parent_path() / "mop", self.parent_path() / "mop"})
+      if (std::filesystem::is_regular_file(p, ec)) return p.string();
+  return MOP_BINARY;
 }
 
 inline RunResult run_mop(const std::string& args) {
