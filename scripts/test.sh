@@ -4,6 +4,19 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
+# The Slurm test's daemons (tests/slurm/run.sh skips, saying why, where they cannot be installed).
+slurm_pkgs=(slurmctld slurmd slurm-client munge)
+missing=()
+for p in "${slurm_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})) && command -v apt-get > /dev/null; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "[test] installing ${missing[*]} for the Slurm test"
+  { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null; } \
+    || echo "[test] could not install Slurm; its test will be skipped"
+fi
 build_dir=${MOP_BUILD_DIR:-build}
 cd "$build_dir"
 ctest --output-on-failure -j "$(nproc)" "$@"
