@@ -11,6 +11,7 @@
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/dir_lock.h"
+#include "ckpt/file_io.h"
 #include "config/config.h"
 #include "core/rng.h"
 #include "data/loader.h"
@@ -82,9 +83,14 @@ int cmd_train(const TrainArgs& args, World& world) {
     }
   // The configuration as planned (train.plan: auto writes its choices in).
   spdlog::info("resolved config:\n{}", dump_config(trainer.config()));
+  // Written with the run's first checkpoint (or at its end), so that a run refused on the way (bad
+  // data, say) leaves the directory's earlier file alone.
   if (world.is_root())
-    std::ofstream(trainer.config().checkpoint.dir + "/config.resolved.yaml") << dump_config(trainer.config());
-  spdlog::info("resolved config written to {}/config.resolved.yaml", trainer.config().checkpoint.dir);
+    trainer.set_on_started([&trainer] {
+      const std::string path = trainer.config().checkpoint.dir + "/config.resolved.yaml";
+      write_file_atomic(path, dump_config(trainer.config()));
+      spdlog::info("resolved config written to {}", path);
+    });
   trainer.run();
   spdlog::info("done at step {}", trainer.step());
   return 0;

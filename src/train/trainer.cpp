@@ -468,6 +468,7 @@ double Trainer::evaluate() {
 }
 
 void Trainer::save_checkpoint() {
+  if (on_started_) std::exchange(on_started_, nullptr)();
   schedule_->drain();  // host-placed master weights and moments are final
   TrainerState st;
   st.step = step_;
@@ -534,6 +535,7 @@ void Trainer::run() {
   std::signal(SIGTERM, prev_term);
   std::signal(SIGINT, prev_int);
   std::signal(SIGUSR1, prev_usr1);
+  if (on_started_) std::exchange(on_started_, nullptr)();  // a run that saved no checkpoint
 }
 
 }  // namespace mop

@@ -5,6 +5,8 @@
 // gradients and update → metrics → evaluation → checkpoint.
 #pragma once
 
+#include <functional>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +42,9 @@ class Trainer {
   ~Trainer();
   // Trains to train.steps (or until SIGTERM/SIGINT/SIGUSR1, after which it checkpoints and returns).
   void run();
+  // Called once, when this run first saves a checkpoint (or finishes without one): what a run
+  // writes about itself, such as config.resolved.yaml, waits until it has something to show.
+  void set_on_started(std::function<void()> f) { on_started_ = std::move(f); }
   int64_t step() const { return step_; }
   const Config& config() const { return cfg_; }
   const Plan& plan() const { return plan_; }
@@ -96,6 +101,7 @@ class Trainer {
   int64_t last_saved_step_ = -1;
   Buffer batch_dev_;  // one micro-batch's ids, targets, positions on the GPU
   size_t device_used_at_start_ = 0;
+  std::function<void()> on_started_;
 };
 
 }  // namespace mop

@@ -113,6 +113,12 @@ expect 0 "done at step 4" -- train --config good.yaml
 test -f ckpt/step_4/manifest.json || { echo "FAIL: no checkpoint written"; failures=$((failures + 1)); }
 expect 2 "nothing to do" -- train --config good.yaml
 expect 0 "resumed from" -- train --config good.yaml --set train.steps=6
+# A run refused after its start-up (data it cannot read at the first step) leaves the directory's
+# config.resolved.yaml as it was; it is written once a step has run.
+mkdir -p ckpt_refused && echo "an earlier run's" > ckpt_refused/config.resolved.yaml
+expect 2 "is outside the vocabulary" -- train --config good.yaml --set checkpoint.dir=ckpt_refused --set 'data.paths=[data/flat.bin]' --set data.format=flat --set data.eos_id=-1
+[ "$(cat ckpt_refused/config.resolved.yaml)" = "an earlier run's" ] \
+  || { echo "FAIL: a refused run rewrote config.resolved.yaml"; failures=$((failures + 1)); }
 # metrics.jsonl: a torn last line (a crash in mid-write) is dropped on resume; a malformed line
 # before it stops the resume, named; a metrics file that cannot be written stops the run.
 printf '{"step": 7, "lo' >> ckpt/metrics.jsonl
