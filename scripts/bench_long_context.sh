@@ -31,7 +31,7 @@ for run in "${runs[@]}"; do
     --set data.seq_len="$seq" --set model.num_layers="$layers" --set train.steps="$steps" \
     --set train.global_batch_size=1 --set train.recompute=true --set optim.state_placement=auto \
     --set train.lm_head_chunk=1024 --set log.interval=1 --set checkpoint.dir="/tmp/mop_long_$seq" \
-    --set checkpoint.save_final=false > "$log" 2>&1
+    --set checkpoint.save_final=false --set checkpoint.overwrite=true > "$log" 2>&1
   echo "$seq tokens, $layers layers, $steps steps: exit $?" | tee -a "$out/summary.txt"
   grep -E "activations:|memory|step +[0-9]+/|model .*MFU" "$log" | tail -8 | tee -a "$out/summary.txt"
 done

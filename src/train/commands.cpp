@@ -38,17 +38,16 @@ std::string human_count(double n) {
 
 namespace {
 
-// What of another run `cfg`'s checkpoint directory holds ("" when nothing): checkpoints, the
-// `latest` pointer, a metrics file.
+// What of another run `cfg`'s checkpoint directory holds that a resume would continue ("" when
+// nothing): checkpoints, or the `latest` pointer. (A directory with only a metrics file, a
+// benchmark's, is started over.)
 std::string existing_run(const Config& cfg) {
   const std::filesystem::path dir = cfg.checkpoint.dir;
   std::error_code ec;
-  const size_t n = list_checkpoints(dir).size();
-  if (n > 0) return std::to_string(n) + " checkpoint(s), the newest " + list_checkpoints(dir).back().dir.filename().string();
+  const std::vector<CheckpointInfo> all = list_checkpoints(dir);
+  if (!all.empty())
+    return std::to_string(all.size()) + " checkpoint(s), the newest " + all.back().dir.filename().string();
   if (std::filesystem::exists(dir / "latest", ec)) return "a latest pointer";
-  const std::string metrics = cfg.log.metrics_file.empty() ? (dir / "metrics.jsonl").string() : cfg.log.metrics_file;
-  if (std::filesystem::is_regular_file(metrics, ec) && std::filesystem::file_size(metrics, ec) > 0)
-    return "its metrics in " + metrics;
   return "";
 }
 
