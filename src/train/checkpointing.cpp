@@ -61,29 +61,6 @@ std::string config_key_differences(const Config& saved, const Config& now,
 
 namespace {
 
-// Keys under model./moe. whose values differ between two configs: "model.hidden_size 256 → 128".
-std::string shape_key_differences(const Config& saved, const Config& now) {
-  Config a = saved, b = now;
-  auto fa = config_schema(a), fb = config_schema(b);
-  std::string out;
-  for (size_t i = 0; i < fa.size(); ++i) {
-    const auto& f = fa[i];
-    if (f.path.rfind("model.", 0) != 0 && f.path.rfind("moe.", 0) != 0) continue;
-    std::string va, vb;
-    switch (f.kind) {
-      case FieldSpec::Kind::Int:
-        va = std::to_string(*static_cast<int64_t*>(f.ptr)), vb = std::to_string(*static_cast<int64_t*>(fb[i].ptr));
-        break;
-      case FieldSpec::Kind::Bool:
-        va = *static_cast<bool*>(f.ptr) ? "true" : "false", vb = *static_cast<bool*>(fb[i].ptr) ? "true" : "false";
-        break;
-      default: continue;
-    }
-    if (va != vb) out += (out.empty() ? "" : ", ") + f.path + " " + va + " → " + vb;
-  }
-  return out;
-}
-
 // Host-readable views of one optimizer state tensor per parameter (0 master, 1 exp_avg,
 // 2 exp_avg_sq): the tensor itself when it is in host memory, else a copy staged into `keep`
 // (checkpoints are rare; the staging is freed when `keep` goes).
@@ -227,7 +204,7 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
   Manifest m = verify_checkpoint(dir);
   std::string where = dir + "/manifest.json";
   Config saved = load_config_text(m.config, {}, where + " config");
-  std::string differences = shape_key_differences(saved, cfg);
+  std::string differences = config_key_differences(saved, cfg, {"model.", "moe."});
   const ModelLayout& layout = params.layout();
   // Reads one state tensor per parameter (through host staging for those on the device). Loads
   // happen before the first step, while no host update runs.
