@@ -90,7 +90,7 @@ std::vector<FieldSpec> config_schema(Config& c) {
   s.i("parallel.moe.ep", p.moe.ep, 1, 1 << 20, "MoE: ranks the experts are sharded over; must divide num_experts.");
   s.i("parallel.moe.dp", p.moe.dp, 1, 1 << 20, "MoE: data-parallel ranks; ep × dp = number of ranks.");
   s.i("parallel.moe.chunks", p.moe.chunks, 1, 1 << 16, "ep > 1: each rank's experts run in this many chunks (at most its expert count); on GPU ranks the all-to-all that brings one chunk's tokens, and the one that returns them, run on their own streams while the experts of the neighbouring chunks compute. 1: exchange, experts, exchange, one after the other. The experts see the same rows whatever the value (on CPU ranks the results are bitwise the same).");
-  s.f("parallel.collective_timeout", p.collective_timeout, 0, 1e7, "Seconds a collective may take before the job is aborted with a message naming it, the rank and the host (a peer failed or hung); 0: wait forever.");
+  s.f("parallel.collective_timeout", p.collective_timeout, 0, 1e7, "Seconds a collective may take before the job is aborted with a message naming it, the waiting rank and the ranks that did not arrive (a peer failed or hung); 0: wait forever.");
   s.b("parallel.overlap_grad_reduce", p.overlap_grad_reduce, "GPU ranks: sum each layer's data-parallel gradients on a separate stream (own NCCL communicators) as soon as the last micro-batch's backward finishes the layer, overlapped with the backward of the earlier layers; false: the same sums on the compute stream, in turn.");
   s.b("parallel.zero", p.zero, "Shard the optimizer state (ZeRO-1): each replicated parameter's master weights and Adam moments live on one of the ranks that hold it, which updates it and broadcasts the new weights.");
 

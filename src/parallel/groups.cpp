@@ -46,6 +46,7 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& 
   auto g = std::make_unique<ParallelGroups>();
   g->rank = world.rank, g->size = world.size;
   g->watchdog = std::make_unique<CollectiveWatchdog>(cfg.parallel.collective_timeout);
+  if (cfg.parallel.collective_timeout > 0) g->watchdog->share_with_peers();
   auto watched = [&](std::unique_ptr<Comm> c) { return watch(std::move(c), *g->watchdog); };
   g->world_host_owned = watched(make_mpi_comm(MPI_COMM_WORLD));
   g->world_host = g->world_host_owned.get();

@@ -37,6 +37,7 @@ CollectiveWatchdog::CollectiveWatchdog(double timeout_s, AbortAction on_timeout)
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   host_ = host;
+  last_end_ns_.store(now_ns(), std::memory_order_relaxed);
   if (timeout_s_ > 0) thread_ = std::thread([this] { run(); });
 }
 
@@ -47,6 +48,29 @@ CollectiveWatchdog::~CollectiveWatchdog() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  peers_.reset();  // its thread reads what_, which may point into interned_
+}
+
+void CollectiveWatchdog::share_with_peers(double query_s) {
+  query_s_ = query_s;
+  // Kept when its probe failed: this rank still answers the peers that can reach it.
+  peers_ = std::make_unique<WatchdogPeers>([this] { return state(); });
+}
+
+WatchdogState CollectiveWatchdog::state() const {
+  WatchdogState s;
+  // Read the start first: a collective that begins meanwhile shows as the one before it ending.
+  const int64_t start = start_ns_.load(std::memory_order_acquire);
+  s.seq = seq_.load(std::memory_order_acquire);
+  const char* what = what_.load(std::memory_order_acquire);
+  s.what = what ? what : "";
+  s.in_flight = start != 0;
+  const int64_t since = s.in_flight ? start : last_end_ns_.load(std::memory_order_acquire);
+  s.age_s = double(std::max<int64_t>(0, now_ns() - since)) * 1e-9;
+  if (s.in_flight) return s;
+  // Not in flight: a begin() racing with this read may have counted its number already.
+  if (start_ns_.load(std::memory_order_acquire) != 0 && s.seq > 0) --s.seq;
+  return s;
 }
 
 void CollectiveWatchdog::begin(const char* what) {
@@ -59,8 +83,10 @@ void CollectiveWatchdog::begin(const char* what) {
 }
 
 void CollectiveWatchdog::end() {
-  if (depth_.fetch_sub(1, std::memory_order_acq_rel) == 1)
+  if (depth_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    last_end_ns_.store(now_ns(), std::memory_order_relaxed);
     start_ns_.store(0, std::memory_order_release);
+  }
 }
 
 const char* CollectiveWatchdog::intern(std::string name) {
@@ -68,11 +94,15 @@ const char* CollectiveWatchdog::intern(std::string name) {
   return interned_.emplace_back(std::move(name)).c_str();
 }
 
-std::string CollectiveWatchdog::message(const char* what) const {
+std::string CollectiveWatchdog::message(const char* what, uint64_t seq) const {
   std::ostringstream os;
-  os << "error: collective " << (what ? what : "?") << " on rank " << rank_ << " (host " << host_
-     << ") did not finish within " << timeout_s_
-     << " s; aborting the job (a peer rank failed or hung?)";
+  os << "error: collective " << (what ? what : "?") << " (#" << seq << ") on rank " << rank_
+     << " (host " << host_ << ") did not finish within " << timeout_s_ << " s; ";
+  if (peers_ && peers_->error().empty())
+    os << describe_stragglers(peers_->rank(), seq, peers_->endpoints(), peers_->query(query_s_));
+  else
+    os << "a peer rank failed or hung?";
+  os << "; aborting the job";
   return os.str();
 }
 
@@ -96,8 +126,8 @@ void CollectiveWatchdog::run() {
         seq_.load(std::memory_order_acquire) != seq)
       continue;
     fired_seq = seq;
-    std::string line = message(what);
-    lock.unlock();  // the action may take long (MPI_Abort) or call intern()
+    lock.unlock();  // asking the peers and the action take long (MPI_Abort); intern() locks
+    std::string line = message(what, seq);
     on_timeout_(line);
     lock.lock();
   }

@@ -1,6 +1,7 @@
 // CollectiveWatchdog: a background thread that ends the whole job when a collective does not
 // finish within a timeout (a peer rank died or hung), with one line naming the collective, the
-// rank and the host, instead of every rank waiting forever. ScopedCollective brackets one
+// rank and the host, and — once share_with_peers() has run — the ranks that did not arrive and
+// what each was doing, instead of every rank waiting forever. ScopedCollective brackets one
 // collective; watch() wraps a Comm so that every collective it runs is bracketed.
 #pragma once
 
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "parallel/comm.h"
+#include "parallel/watchdog_peers.h"
 
 namespace mop {
 
@@ -53,11 +55,21 @@ class CollectiveWatchdog {
   bool in_flight() const { return depth_.load(std::memory_order_acquire) > 0; }
   uint64_t num_collectives() const { return seq_.load(std::memory_order_relaxed); }
 
+  // Collective over MPI_COMM_WORLD, from the thread that runs MPI: opens the side channel over
+  // which a firing watchdog asks every peer for its state (WatchdogPeers), waiting at most
+  // query_s for the answers. Call it before the first collective is bracketed.
+  void share_with_peers(double query_s = 2.0);
+
+  const WatchdogPeers* peers() const { return peers_.get(); }  // null before share_with_peers
+
+  // This rank's state as a peer's query sees it.
+  WatchdogState state() const;
+
   static void default_abort(const std::string& message);
 
  private:
   void run();
-  std::string message(const char* what) const;
+  std::string message(const char* what, uint64_t seq) const;
 
   double timeout_s_;
   AbortAction on_timeout_;
@@ -68,7 +80,10 @@ class CollectiveWatchdog {
   std::atomic<int> depth_{0};
   std::atomic<uint64_t> seq_{0};
   std::atomic<int64_t> start_ns_{0};
-  std::atomic<const char*> what_{nullptr};
+  std::atomic<const char*> what_{nullptr};  // the in-flight collective, or the last one
+  std::atomic<int64_t> last_end_ns_{0};      // when the last one ended (construction before any)
+  std::unique_ptr<WatchdogPeers> peers_;
+  double query_s_ = 2.0;
 
   std::mutex mutex_;  // stop_ and interned_ only; never taken by begin/end
   std::condition_variable wake_;
