@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include "config/config.h"
 #include "core/error.h"
@@ -15,6 +16,7 @@
 #include "train/commands.h"
 #include "train/hf_interop.h"
 #include "train/score.h"
+#include "train/trainer.h"
 
 namespace {
 
@@ -29,6 +31,7 @@ Examples:
   mop calibrate --out machine.yaml
   mop train --config configs/q3moe-8l.yaml --machine machine.yaml --set train.plan=auto
   mop prepare-data --input corpus.txt --output data/corpus --split blank-line
+  mop prepare-data --random-tokens 100000000 --vocab-size 151936 --output data/random
   mop generate --checkpoint checkpoints/tiny --prompt "In the beginning"
   mop import-hf path/to/Qwen3-30B-A3B --out checkpoints/q3-30b
   mop export-hf checkpoints/run --out hf/run --dtype bf16
@@ -77,11 +80,17 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
   mop::PrepareDataArgs prep;
-  auto* p = app.add_subcommand("prepare-data", "Turn text files into a byte-level token shard (Megatron .bin/.idx)");
-  p->add_option("-i,--input", prep.inputs, "Text files")->required();
+  auto* p = app.add_subcommand("prepare-data", "Turn text files into a byte-level token shard (Megatron .bin/.idx), or write random tokens for benchmarks");
+  auto* p_in = p->add_option("-i,--input", prep.inputs, "Text files");
   p->add_option("-o,--output", prep.output, "Output prefix (writes PREFIX.bin and PREFIX.idx)")->required();
   p->add_option("--split", prep.split, "Documents: file (one per file) or blank-line (blocks between empty lines)")
       ->check(CLI::IsMember({"file", "blank-line"}));
+  auto* p_rand = p->add_option("--random-tokens", prep.random_tokens,
+                               "Instead of text: this many token ids drawn uniformly from [0, --vocab-size) (benchmarks; train with data.eos_id: -1)");
+  p_rand->excludes(p_in);
+  p->add_option("--vocab-size", prep.vocab_size, "Vocabulary of --random-tokens")->needs(p_rand);
+  p->add_option("--document-tokens", prep.document_tokens, "Tokens per document of --random-tokens")->needs(p_rand);
+  p->add_option("--seed", prep.seed, "Seed of --random-tokens")->needs(p_rand);
 
   mop::GenerateArgs gen;
   auto* g = app.add_subcommand("generate", "Print a continuation of a prompt from a checkpoint (byte-level models)");
@@ -146,6 +155,10 @@ int main(int argc, char** argv) {
 
   mop::World world;
   int rc = 0;
+  // `mop train` takes SIGTERM/SIGINT/SIGUSR1 as a request to stop from here on, before MPI starts:
+  // a preemption notice while the ranks start still ends in exit 0 and a requeue.
+  std::optional<mop::StopSignals> stop_signals;
+  if (*t) stop_signals.emplace();
   try {
     if (*t) {
       world = mop::World::init(&argc, &argv);

@@ -10,6 +10,8 @@
 #include "core/error.h"
 #include "data/indexed_dataset_writer.h"
 #include "core/mapped_file.h"
+#include "core/rng.h"
+#include "data/megatron_format.h"
 
 namespace mop {
 namespace {
@@ -104,6 +106,41 @@ PrepareDataStats prepare_data(const PrepareDataOptions& options) {
   stats.bin_path = out.bin;
   stats.idx_path = out.idx;
   return stats;
+}
+
+PrepareDataStats prepare_random_tokens(const RandomTokensOptions& o) {
+  MOP_USER_CHECK(o.num_tokens >= 1, "--random-tokens ", o.num_tokens, ": must be at least 1");
+  MOP_USER_CHECK(o.vocab_size >= 2 && o.vocab_size <= INT32_MAX, "--vocab-size ", o.vocab_size,
+                 ": must be in [2, 2147483647]");
+  MOP_USER_CHECK(o.document_tokens >= 1 && o.document_tokens <= INT32_MAX, "--document-tokens ",
+                 o.document_tokens, ": must be in [1, 2147483647]");
+  MOP_USER_CHECK(!o.output.empty(), "--output: an output prefix is required");
+  const std::filesystem::path parent = std::filesystem::path(o.output).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  IndexedDatasetWriter w(o.output, megatron_dtype_for_vocab(o.vocab_size));
+  std::vector<uint32_t> buf;
+  const int64_t kBlock = 1 << 16;
+  const uint64_t v = uint64_t(o.vocab_size);
+  for (int64_t doc = 0; doc * o.document_tokens < o.num_tokens; ++doc) {
+    const int64_t begin = doc * o.document_tokens;
+    const int64_t end = std::min(o.num_tokens, begin + o.document_tokens);
+    for (int64_t i = begin; i < end; i += kBlock) {
+      const int64_t n = std::min(kBlock, end - i);
+      buf.resize(size_t(n));
+      // A 64-bit draw modulo V: the bias (V / 2^64) is far below anything a benchmark can see.
+      for (int64_t j = 0; j < n; ++j) buf[size_t(j)] = uint32_t(philox_u64(o.seed, 0x72616e64, uint64_t(i + j)) % v);
+      w.add_tokens(buf);
+    }
+    w.end_document();
+  }
+  w.finish();
+  PrepareDataStats st;
+  st.num_documents = w.num_documents();
+  st.num_tokens = w.num_tokens();
+  st.num_output_bytes = w.num_bytes_written();
+  st.bin_path = w.paths().bin;
+  st.idx_path = w.paths().idx;
+  return st;
 }
 
 }  // namespace mop

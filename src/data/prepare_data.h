@@ -1,4 +1,5 @@
-// prepare_data (`mop prepare-data`): text files → a byte-level Megatron dataset (uint16). Token id
+// prepare_data (`mop prepare-data`): text files → a byte-level Megatron dataset (uint16); or
+// uniformly random token ids over any vocabulary (prepare_random_tokens) for benchmarks. Token id
 // = byte value 0..255; kByteEosId = 256 ends every document, so the vocabulary is 257 ids and a
 // model trained on it needs vocab_size ≥ 257 and eos_id 256.
 #pragma once
@@ -36,5 +37,20 @@ struct PrepareDataStats {
 };
 
 PrepareDataStats prepare_data(const PrepareDataOptions& options);
+
+// `mop prepare-data --random-tokens N --vocab-size V`: N token ids drawn uniformly from [0, V)
+// (counter-based, so the same seed writes the same file), in documents of document_tokens (the
+// last one shorter), no EOS, the smallest Megatron dtype that holds V. What throughput benchmarks
+// train on: a router trained or not spreads such tokens evenly over the experts, as a trained
+// router spreads real text (a byte-level corpus uses 257 ids and skews the routing). Train on it
+// with data.eos_id: -1, since every id, EOS included, occurs at random.
+struct RandomTokensOptions {
+  std::string output;
+  int64_t num_tokens = 0;          // ≥ 1
+  int64_t vocab_size = 0;          // 2 .. 2^31 - 1
+  int64_t document_tokens = 1 << 20;
+  uint64_t seed = 0;
+};
+PrepareDataStats prepare_random_tokens(const RandomTokensOptions& options);
 
 }  // namespace mop

@@ -54,6 +54,7 @@ std::string existing_run(const Config& cfg) {
 }  // namespace
 
 int cmd_train(const TrainArgs& args, World& world) {
+  const StopSignals signals;  // a preemption notice during start-up still ends in exit 0
   std::vector<std::string> overrides = args.overrides;
   if (!args.resume.empty()) overrides.push_back("checkpoint.resume=" + args.resume);
   if (args.profile_step > 0) overrides.push_back("train.profile_step=" + std::to_string(args.profile_step));
@@ -193,6 +194,23 @@ int cmd_plan(const PlanArgs& args) {
 }
 
 int cmd_prepare_data(const PrepareDataArgs& args) {
+  if (args.random_tokens != 0) {
+    MOP_USER_CHECK(args.vocab_size != 0, "prepare-data --random-tokens needs --vocab-size");
+    RandomTokensOptions r;
+    r.output = args.output;
+    r.num_tokens = args.random_tokens;
+    r.vocab_size = args.vocab_size;
+    r.document_tokens = args.document_tokens;
+    r.seed = args.seed;
+    const PrepareDataStats st = prepare_random_tokens(r);
+    std::printf("wrote %s and %s: %lld documents, %lld tokens drawn uniformly from [0, %lld), seed "
+                "%llu, no EOS (train with data.eos_id: -1)\n",
+                st.bin_path.c_str(), st.idx_path.c_str(), (long long)st.num_documents,
+                (long long)st.num_tokens, (long long)args.vocab_size, (unsigned long long)args.seed);
+    return 0;
+  }
+  MOP_USER_CHECK(!args.inputs.empty(), "prepare-data needs --input FILE... (text) or --random-tokens N "
+                 "--vocab-size V");
   PrepareDataOptions o;
   o.inputs = args.inputs;
   o.output = args.output;

@@ -49,6 +49,10 @@ struct PrepareDataArgs {
   std::vector<std::string> inputs;
   std::string output;
   std::string split = "file";
+  int64_t random_tokens = 0;  // > 0: random ids instead of text
+  int64_t vocab_size = 0;
+  int64_t document_tokens = 1 << 20;
+  uint64_t seed = 0;
 };
 int cmd_prepare_data(const PrepareDataArgs& args);
 

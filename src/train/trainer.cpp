@@ -33,6 +33,8 @@ namespace {
 
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+int g_stop_signals_depth = 0;  // StopSignals alive (constructed and destroyed on the main thread)
+constexpr int kStopSignals[3] = {SIGTERM, SIGINT, SIGUSR1};
 
 // "attention 77 ms (16%) | ...": the plan's time split in the log's form.
 std::string predicted_split(const std::array<double, kNumOpCategories>& seconds) {
@@ -481,6 +483,17 @@ void Trainer::save_checkpoint() {
   spdlog::info("saved checkpoint {}", dir);
 }
 
+StopSignals::StopSignals() {
+  if (g_stop_signals_depth++ > 0) return;
+  g_stop_signal.store(0);
+  for (int i = 0; i < 3; ++i) prev_[i] = std::signal(kStopSignals[i], on_stop_signal);
+}
+
+StopSignals::~StopSignals() {
+  if (--g_stop_signals_depth > 0) return;
+  for (int i = 0; i < 3; ++i) std::signal(kStopSignals[i], prev_[i]);
+}
+
 bool Trainer::stop_requested() {
   double sig = double(g_stop_signal.load());
   return groups_->world_host->all_reduce_host(sig, Comm::Op::Max) != 0;
@@ -489,15 +502,16 @@ bool Trainer::stop_requested() {
 void Trainer::run() {
   // SIGTERM, SIGINT and SIGUSR1 (Slurm's usual preemption notice, --signal=USR1@N) all stop the
   // run at the next step boundary with a checkpoint, so that a requeue resumes.
-  auto prev_term = std::signal(SIGTERM, on_stop_signal);
-  auto prev_int = std::signal(SIGINT, on_stop_signal);
-  auto prev_usr1 = std::signal(SIGUSR1, on_stop_signal);
+  StopSignals signals;
   // What an interrupted save or prune left behind (the run holds the directory from here on).
   if (world_.is_root())
     for (const auto& gone : remove_checkpoint_leftovers(cfg_.checkpoint.dir))
       spdlog::warn("removed {}: left by an interrupted checkpoint save or prune", gone.string());
   spdlog::info("training steps {} → {}", step_ + 1, cfg_.train.steps);
-  while (step_ < cfg_.train.steps) {
+  // A signal during start-up: nothing new to save.
+  const bool stopped_early = step_ < cfg_.train.steps && stop_requested();
+  if (stopped_early) spdlog::warn("stop requested by signal before step {}; exiting", step_ + 1);
+  while (!stopped_early && step_ < cfg_.train.steps) {
     StepMetrics sm;
     train_step(sm);
     if (cfg_.train.eval_interval > 0 &&
@@ -532,9 +546,6 @@ void Trainer::run() {
   }
   if (step_ == cfg_.train.steps && cfg_.checkpoint.save_final && last_saved_step_ != step_)
     save_checkpoint();
-  std::signal(SIGTERM, prev_term);
-  std::signal(SIGINT, prev_int);
-  std::signal(SIGUSR1, prev_usr1);
   if (on_started_) std::exchange(on_started_, nullptr)();  // a run that saved no checkpoint
 }
 

@@ -36,6 +36,12 @@ expect() {
 # A small corpus and a small model.
 for i in $(seq 1 400); do echo "line $i of the corpus: the router sends each token to two experts."; [ $((i % 7)) = 0 ] && echo; done > corpus.txt
 expect 0 "documents" -- prepare-data --input corpus.txt --output data/corpus --split blank-line
+# Random tokens over a real vocabulary (the benchmarks' data), and a run on them.
+expect 0 "tokens drawn uniformly from [0, 151936)" -- prepare-data --random-tokens 20000 --vocab-size 151936 --output data/rand
+expect 2 "prepare-data --random-tokens needs --vocab-size" -- prepare-data --random-tokens 100 --output data/x
+expect 2 "excludes" -- prepare-data --random-tokens 100 --vocab-size 9 --input corpus.txt --output data/x
+expect 2 "prepare-data needs --input" -- prepare-data --output data/x
+expect 2 "--vocab-size 1: must be in" -- prepare-data --random-tokens 100 --vocab-size 1 --output data/x
 cat > good.yaml <<'EOF'
 model: {vocab_size: 257, hidden_size: 16, num_layers: 2, num_heads: 2, num_kv_heads: 1}
 moe: {num_experts: 4, top_k: 2, expert_ffn: 16}
@@ -105,6 +111,7 @@ expect 2 "bad_machine.yaml:1: device.memroy_gib: unknown key" -- plan --config g
 expect 2 "machine file nowhere.yaml not found" -- plan --config good.yaml --machine nowhere.yaml
 expect 2 "'sometimes' is not one of config or auto" -- plan --config good.yaml --set train.plan=sometimes
 expect 0 "done at step 2" -- train --config good.yaml --set train.plan=auto --set train.steps=2 --set checkpoint.dir=ckpt_auto
+expect 0 "done at step 2" -- train --config good.yaml --set model.vocab_size=151936 --set "data.paths=[data/rand]" --set data.eos_id=-1 --set train.steps=2 --set checkpoint.dir=ckpt_rand
 grep -q 'plan: "config"' ckpt_auto/config.resolved.yaml \
   || { echo "FAIL: train.plan: auto did not write the chosen plan into config.resolved.yaml"; failures=$((failures + 1)); }
 

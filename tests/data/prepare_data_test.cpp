@@ -1,4 +1,9 @@
-// prepare_data: text files → byte-level Megatron dataset, in both document split modes.
+// prepare_data: text files → byte-level Megatron dataset, in both document split modes; random
+// token shards for benchmarks.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -24,6 +29,11 @@ std::vector<uint32_t> concat(const std::vector<std::vector<uint32_t>>& docs) {
   std::vector<uint32_t> all;
   for (const auto& d : docs) all.insert(all.end(), d.begin(), d.end());
   return all;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 std::vector<uint32_t> read_all(const TokenShard& shard) {
@@ -102,4 +112,50 @@ TEST_CASE("prepare_data: bad inputs are UserErrors", "[cpu][data]") {
   o.inputs = {dir / "ok.txt"};
   o.output = dir / "file_not_dir/out";
   CHECK_USER_ERROR(prepare_data(o), "cannot create directory " + (dir / "file_not_dir"));
+}
+
+TEST_CASE("prepare_random_tokens: uniform ids over the vocabulary, reproducible by seed",
+          "[cpu][data]") {
+  TempDir dir;
+  RandomTokensOptions o;
+  o.output = dir / "rand/a";
+  o.num_tokens = 300001;
+  o.vocab_size = 151936;  // beyond uint16: int32 ids, as Megatron stores Qwen's vocabulary
+  o.document_tokens = 100000;
+  o.seed = 7;
+  const PrepareDataStats st = prepare_random_tokens(o);
+  CHECK(st.num_documents == 4);
+  CHECK(st.num_tokens == 300001);
+  TokenShard a = TokenShard::open_megatron(o.output);
+  CHECK(a.dtype() == TokenDType::I32);
+  CHECK(a.document_boundaries() == std::vector<int64_t>{0, 100000, 200000, 300000, 300001});
+  std::vector<uint32_t> ids(300001);
+  a.read(0, 300001, ids.data(), o.vocab_size);  // throws on an id outside [0, V)
+  // Uniform: 64 equal ranges of the vocabulary get 300001/64 ≈ 4688 ids each; a draw that is
+  // skewed by a few percent (modulo bias of a 16-bit draw, a byte-level range) falls outside ±6σ.
+  std::vector<int64_t> bins(64, 0);
+  for (uint32_t v : ids) ++bins[size_t(uint64_t(v) * 64 / uint64_t(o.vocab_size))];
+  const double expect = 300001.0 / 64, sigma = std::sqrt(expect);
+  for (int64_t b : bins) CHECK(std::abs(double(b) - expect) < 6 * sigma);
+  CHECK(*std::max_element(ids.begin(), ids.end()) > uint32_t(o.vocab_size - 100));
+
+  // The same seed writes the same file; another seed another one; a small vocabulary uint16.
+  o.output = dir / "rand/b";
+  prepare_random_tokens(o);
+  CHECK(file_bytes(dir / "rand/a.bin") == file_bytes(dir / "rand/b.bin"));
+  o.output = dir / "rand/c";
+  o.seed = 8;
+  prepare_random_tokens(o);
+  CHECK(file_bytes(dir / "rand/a.bin") != file_bytes(dir / "rand/c.bin"));
+  o.output = dir / "rand/small";
+  o.vocab_size = 257;
+  o.num_tokens = 10;
+  prepare_random_tokens(o);
+  CHECK(TokenShard::open_megatron(o.output).dtype() == TokenDType::U16);
+
+  o.num_tokens = 0;
+  CHECK_THROWS_WITH(prepare_random_tokens(o), Catch::Contains("--random-tokens 0: must be at least 1"));
+  o.num_tokens = 5;
+  o.vocab_size = 1;
+  CHECK_THROWS_WITH(prepare_random_tokens(o), Catch::Contains("--vocab-size 1: must be in"));
 }

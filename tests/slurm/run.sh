@@ -2,9 +2,14 @@
 # scripts/slurm/train.sbatch under a real Slurm: a one-node cluster on this machine (its own munge
 # and slurm.conf, CPU ranks), and configs/tiny.yaml-sized runs on 2 tasks:
 #   1. sbatch of the template trains to the end;
-#   2. scancel --batch --signal=USR1 (what --signal=B:USR1@N sends at a time limit) makes the ranks
-#      checkpoint, the job requeues itself and resumes; the losses of every step equal an
-#      uninterrupted run's, bit for bit.
+#   2. a real time limit (--time=2 --signal=B:USR1@45): the notice makes the ranks checkpoint,
+#      the job requeues itself and resumes (again at each limit, until the test cancels it);
+#   3. scancel --batch --signal=USR1 (the same notice by hand): checkpoint, requeue, resume, and the
+#      job completes;
+#   4. kill -9 of one task: the job fails; `scontrol requeue` resumes it from the last checkpoint
+#      and it completes.
+#   Every step's losses equal an uninterrupted run's, bit for bit (a constant learning rate, so
+#   that runs of different lengths share their first steps).
 # Exits 77 (skipped, with the reason) where Slurm or munge is not installed.
 # Usage: run.sh path/to/mop path/to/source
 set -u
@@ -52,7 +57,8 @@ SlurmdPort=$((port + 1))
 SlurmUser=$(id -un)
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$tmp/munge/munge.socket
+# cred_expire: how long a requeued job waits before it may start again (default 120 s).
+AuthInfo=socket=$tmp/munge/munge.socket,cred_expire=10
 CredType=cred/munge
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -85,17 +91,16 @@ echo "ok: one-node Slurm on $host (port $port)"
 cd "$tmp"
 for i in $(seq 1 400); do echo "line $i of the corpus: the router sends each token to two experts."; done > corpus.txt
 "$mop" prepare-data --input corpus.txt --output data/corpus > /dev/null 2>&1 || fail "prepare-data"
-steps=${MOP_SLURM_STEPS:-200}
-config() {  # config NAME: checkpoints in NAME/
-  local n=$steps
+config() {  # config NAME STEPS [CHECKPOINT_INTERVAL]: checkpoints in NAME/
   cat > "$tmp/$1.yaml" <<YAML
 model: {vocab_size: 257, hidden_size: 32, num_layers: 2, num_heads: 4, num_kv_heads: 2}
 moe: {num_experts: 4, top_k: 2, expert_ffn: 32}
+optim: {schedule: constant, warmup_steps: 20}
 data: {paths: [$tmp/data/corpus], seq_len: 64}
-train: {steps: $n, global_batch_size: 4, micro_batch_size: 1, device: cpu}
+train: {steps: $2, global_batch_size: 4, micro_batch_size: 1, device: cpu}
 parallel: {attention: {dp: 2}, moe: {dp: 2}}
-checkpoint: {dir: $tmp/$1, interval: 5, save_final: true}
-log: {interval: 50}
+checkpoint: {dir: $tmp/$1, interval: ${3:-50}, save_final: true}
+log: {interval: 1000}
 YAML
 }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MOP=$mop
@@ -124,35 +129,77 @@ wait_step() {  # wait_step NAME N: until NAME/ has a checkpoint at step ≥ N
   done
   return 1
 }
+# The losses of every complete metrics line (a torn last one, from a job cancelled mid-write, is
+# left out), one "step loss aux" per line; steps must run 1, 2, 3, ... each once.
 losses() { python3 -c "
 import json, sys
-for l in open(sys.argv[1]):
-    j = json.loads(l); print(j['step'], repr(j['loss']), repr(j['aux_loss']))" "$1"; }
+lines = open(sys.argv[1]).read().split('\\n')
+for i, l in enumerate(lines):
+    if not l: continue
+    try: j = json.loads(l)
+    except ValueError:
+        if i == len(lines) - 1: break
+        raise
+    if j['step'] != i + 1: sys.exit('%s:%d: step %d, expected %d' % (sys.argv[1], i + 1, j['step'], i + 1))
+    print(j['step'], repr(j['loss']), repr(j['aux_loss']))" "$1"; }
+last_step() { losses "$1" 2> /dev/null | tail -n 1 | cut -d' ' -f1; }
 
-# The uninterrupted run, through the template.
-config straight
+# 2 first: how far it gets decides how long the uninterrupted run must be. The job trains far
+# longer than its two minutes, so the notice (which Slurm sends up to a minute early: here 15 to
+# 75 s after the start) comes while it trains.
+config timelimit 100000000 500
+job=$(submit timelimit --time=2 --signal=B:USR1@45)
+ok=0
+for _ in $(seq 1 1200); do  # up to 4 minutes: the first notice, the requeue, the resumed job's steps
+  if [ "$(restarts "$job")" -ge 1 ] && grep -q "resumed from" timelimit.out; then
+    resumed=$(grep -o "resumed from [^ ]*step_[0-9]*" timelimit.out | tail -n 1 | grep -o "[0-9]*$")
+    now=$(last_step timelimit/metrics.jsonl)
+    [ -n "$resumed" ] && [ -n "$now" ] && [ "$now" -ge $((resumed + 200)) ] && { ok=1; break; }
+  fi
+  case $(state "$job") in RUNNING | PENDING | REQUEUED | COMPLETING | CONFIGURING) ;; *) break ;; esac
+  sleep 0.2
+done
+scancel "$job"
+wait_done "$job" 60 || fail "timelimit: the job did not stop after scancel: $(state "$job")"
+if [ "$ok" = 1 ]; then
+  echo "ok: --time=2 --signal=B:USR1@45: checkpointed at step $resumed at the limit, requeued, resumed"
+else
+  fail "timelimit: no requeue and resume within 4 minutes (restarts $(restarts "$job"))"
+  tail -n 20 timelimit.out
+fi
+grep -q "time limit near" timelimit.out || fail "timelimit: the batch shell got no notice"
+grep -q "stop requested by signal; checkpointing at step" timelimit.out || fail "timelimit: the ranks did not checkpoint"
+grep -q "checkpoint written; requeueing" timelimit.out || fail "timelimit: the template did not requeue"
+reached=$(last_step timelimit/metrics.jsonl)
+steps=$(( ${reached:-0} > 2000 ? ${reached:-0} : 2000 ))
+
+# 1. The uninterrupted run, through the template.
+config straight "$steps" 100000000
 job=$(submit straight)
-wait_done "$job" 300 || fail "the straight job did not finish: $(state "$job")"
+wait_done "$job" 600 || fail "the straight job did not finish: $(state "$job")"
 [ "$(state "$job")" = COMPLETED ] || { fail "the straight job ended $(state "$job")"; tail -n 20 "$tmp/straight.out"; }
 grep -q "done at step $steps" straight.out && echo "ok: sbatch of the template trained $steps steps on 2 tasks" \
   || fail "the straight job did not train to step $steps"
 losses straight/metrics.jsonl > straight.losses
 
-# compare NAME WHAT: NAME's per-step losses equal the straight run's, bit for bit.
+# compare NAME WHAT: NAME's per-step losses equal the straight run's first ones, bit for bit.
 compare() {
-  losses "$1/metrics.jsonl" > "$1.losses"
-  if cmp -s straight.losses "$1.losses"; then
-    echo "ok: $2: every step's loss equals the uninterrupted run's ($(wc -l < "$1.losses") steps)"
+  losses "$1/metrics.jsonl" > "$1.losses" || fail "$2: bad metrics"
+  local n
+  n=$(wc -l < "$1.losses")
+  if [ "$n" -gt 0 ] && cmp -s <(head -n "$n" straight.losses) "$1.losses"; then
+    echo "ok: $2: every step's loss equals the uninterrupted run's ($n steps)"
   else
     fail "$2: the losses differ from the uninterrupted run's"
-    diff straight.losses "$1.losses" | head -n 6
+    diff <(head -n "$n" straight.losses) "$1.losses" | head -n 6
   fi
 }
+compare timelimit "time limit, requeue, resume"
 
-# 2. A preemption notice to the batch shell: checkpoint, requeue, resume.
-config usr1
+# 3. A preemption notice by hand: checkpoint, requeue, resume, complete.
+config usr1 2000
 job=$(submit usr1)
-wait_step usr1 20 || fail "usr1: no checkpoint at step 20"
+wait_step usr1 100 || fail "usr1: no checkpoint at step 100"
 scancel --batch --signal=USR1 "$job"
 wait_done "$job" 300 || fail "usr1: the job did not finish: $(state "$job")"
 [ "$(restarts "$job")" -ge 1 ] || fail "usr1: the job was not requeued (restarts $(restarts "$job"))"
@@ -160,6 +207,24 @@ grep -q "checkpoint written; requeueing" usr1.out || fail "usr1: the template di
 grep -q "resumed from" usr1.out || fail "usr1: the requeued job did not resume"
 [ "$(state "$job")" = COMPLETED ] || fail "usr1: the job ended $(state "$job")"
 compare usr1 "scancel --batch --signal=USR1, requeue, resume"
+
+# 4. kill -9 of one task (a rank, not srun): the job fails; scontrol requeue resumes it.
+config kill9 2000
+job=$(submit kill9)
+wait_step kill9 100 || fail "kill9: no checkpoint at step 100"
+victim=$(pgrep -f "^$mop train --config $tmp/kill9.yaml" | tail -n 1)
+[ -n "$victim" ] || fail "kill9: no rank found"
+kill -9 "$victim"
+wait_done "$job" 120 || fail "kill9: the job did not end after kill -9 of a task: $(state "$job")"
+[ "$(state "$job")" = FAILED ] || fail "kill9: the job ended $(state "$job"), expected FAILED"
+before=$(last_step kill9/metrics.jsonl)
+scontrol requeue "$job" || fail "kill9: scontrol requeue refused"
+for _ in $(seq 1 300); do [ "$(restarts "$job")" -ge 1 ] && break; sleep 0.2; done
+wait_done "$job" 300 || fail "kill9: the requeued job did not finish: $(state "$job")"
+[ "$(state "$job")" = COMPLETED ] || { fail "kill9: the requeued job ended $(state "$job")"; tail -n 20 kill9.out; }
+grep -q "resumed from" kill9.out && echo "ok: kill -9 of rank pid $victim at step ${before:-?}; scontrol requeue resumed from $(grep -o 'resumed from [^ ]*' kill9.out | tail -n 1 | grep -o 'step_[0-9]*')" \
+  || fail "kill9: the requeued job did not resume"
+compare kill9 "kill -9 of a task, scontrol requeue, resume"
 
 if [ "$failures" != 0 ]; then
   echo "$failures Slurm check(s) failed"

@@ -1,12 +1,18 @@
 // End to end through the `mop` binary: 2N steps straight and N steps + exit + resume + N steps
 // give bit-identical losses at every step and byte-identical final weights and optimizer state;
-// a corrupted checkpoint is refused with exit code 2.
+// a corrupted checkpoint is refused with exit code 2; a stop signal during start-up (in process)
+// ends the run before its first step.
+#include <csignal>
+#include <filesystem>
 #include <fstream>
 
 #include "catch.h"
 #include "ckpt/manifest.h"
 #include "data/prepare_data.h"
+#include "config/config.h"
+#include "parallel/comm.h"
 #include "train/train_test_util.h"
+#include "train/trainer.h"
 
 using namespace mop;
 
@@ -91,4 +97,27 @@ TEST_CASE("train: N steps + resume + N steps equals 2N steps bit for bit", "[cpu
   auto corrupt = test::run_mop("train --config " + dir / "split.yaml" + " --set train.steps=12");
   CHECK(corrupt.code == 2);
   CHECK(corrupt.output.find("model.safetensors: SHA-256 mismatch") != std::string::npos);
+}
+
+TEST_CASE("train: a stop signal during start-up ends the run before its first step",
+          "[cpu][train]") {
+  test::TempDir dir;
+  const std::string corpus = test::prepare_corpus(dir, 20000);
+  const Config cfg = load_config_text(tiny_config(corpus, dir / "ckpt", 4));
+  World w;
+  w.comm = make_self_comm();
+  {
+    // What `mop train` does from its first line: the handlers, then (here at once) the signal.
+    StopSignals signals;
+    std::raise(SIGTERM);
+    Trainer t(cfg, w);
+    t.run();
+    CHECK(t.step() == 0);
+    CHECK_FALSE(std::filesystem::exists(dir / "ckpt/latest"));
+  }
+  // The next run (no signal) trains to the end.
+  StopSignals again;
+  Trainer u(cfg, w);
+  u.run();
+  CHECK(u.step() == 4);
 }
