@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "core/rng.h"
 #include "data/loader.h"
 #include "data/prepare_data.h"
+#include "parallel/launch.h"
 #include "plan/report.h"
 #include "plan/search.h"
 #include "train/checkpointing.h"
@@ -93,6 +95,21 @@ int cmd_train(const TrainArgs& args, World& world) {
     });
   trainer.run();
   spdlog::info("done at step {}", trainer.step());
+  // SIGUSR1 is a preemption notice (Slurm's --signal=USR1@N, scancel --signal=USR1): under Slurm
+  // the job goes back to the queue and resumes from the checkpoint just written. SIGTERM and SIGINT
+  // only stop.
+  const std::string job = slurm_job_id();
+  if (trainer.stop_signal() == SIGUSR1 && !job.empty() && world.is_root() &&
+      trainer.step() < trainer.config().train.steps) {
+    lock = DirLock();  // released: the requeued job takes the directory over
+    const std::string why = requeue_slurm_job(job);
+    if (why.empty())
+      spdlog::info("SIGUSR1 (a preemption notice): requeued Slurm job {}; it resumes from step {}",
+                   job, trainer.step());
+    else
+      spdlog::warn("SIGUSR1 (a preemption notice): could not requeue Slurm job {} ({}); resubmit it "
+                   "to resume from step {}", job, why, trainer.step());
+  }
   return 0;
 }
 

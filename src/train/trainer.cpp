@@ -496,7 +496,8 @@ StopSignals::~StopSignals() {
 
 bool Trainer::stop_requested() {
   double sig = double(g_stop_signal.load());
-  return groups_->world_host->all_reduce_host(sig, Comm::Op::Max) != 0;
+  stop_signal_ = int(groups_->world_host->all_reduce_host(sig, Comm::Op::Max));
+  return stop_signal_ != 0;
 }
 
 void Trainer::run() {

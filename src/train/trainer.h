@@ -63,6 +63,8 @@ class Trainer {
   // writes about itself, such as config.resolved.yaml, waits until it has something to show.
   void set_on_started(std::function<void()> f) { on_started_ = std::move(f); }
   int64_t step() const { return step_; }
+  // The signal that stopped run() (the largest number over the ranks; 0: it was not stopped).
+  int stop_signal() const { return stop_signal_; }
   const Config& config() const { return cfg_; }
   const Plan& plan() const { return plan_; }
 
@@ -93,6 +95,7 @@ class Trainer {
   void check_plan_memory();
   size_t planned_device_bytes() const;  // what this rank allocated on the ops device
 
+  int stop_signal_ = 0;
   Config cfg_;
   World& world_;
   Plan plan_;

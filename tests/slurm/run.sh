@@ -4,8 +4,8 @@
 #   1. sbatch of the template trains to the end;
 #   2. a real time limit (--time=2 --signal=B:USR1@45): the notice makes the ranks checkpoint,
 #      the job requeues itself and resumes (again at each limit, until the test cancels it);
-#   3. scancel --batch --signal=USR1 (the same notice by hand): checkpoint, requeue, resume, and the
-#      job completes;
+#   3. scancel --signal=USR1 (the notice by hand, to the ranks): they checkpoint, rank 0 requeues
+#      the job, it resumes and completes;
 #   4. kill -9 of one task: the job fails; `scontrol requeue` resumes it from the last checkpoint
 #      and it completes.
 #   Every step's losses equal an uninterrupted run's, bit for bit (a constant learning rate, so
@@ -196,17 +196,19 @@ compare() {
 }
 compare timelimit "time limit, requeue, resume"
 
-# 3. A preemption notice by hand: checkpoint, requeue, resume, complete.
+# 3. A preemption notice by hand, to the ranks: they checkpoint, rank 0 requeues the job, which
+#    resumes and completes.
 config usr1 2000
 job=$(submit usr1)
 wait_step usr1 100 || fail "usr1: no checkpoint at step 100"
-scancel --batch --signal=USR1 "$job"
+scancel --signal=USR1 "$job"
+for _ in $(seq 1 300); do [ "$(restarts "$job")" -ge 1 ] && break; sleep 0.2; done
 wait_done "$job" 300 || fail "usr1: the job did not finish: $(state "$job")"
 [ "$(restarts "$job")" -ge 1 ] || fail "usr1: the job was not requeued (restarts $(restarts "$job"))"
-grep -q "checkpoint written; requeueing" usr1.out || fail "usr1: the template did not requeue"
+grep -q "SIGUSR1 (a preemption notice): requeued Slurm job $job" usr1.out || fail "usr1: the ranks did not requeue the job"
 grep -q "resumed from" usr1.out || fail "usr1: the requeued job did not resume"
-[ "$(state "$job")" = COMPLETED ] || fail "usr1: the job ended $(state "$job")"
-compare usr1 "scancel --batch --signal=USR1, requeue, resume"
+[ "$(state "$job")" = COMPLETED ] || { fail "usr1: the job ended $(state "$job")"; tail -n 20 usr1.out; }
+compare usr1 "scancel --signal=USR1 to the ranks, requeue, resume"
 
 # 4. kill -9 of one task (a rank, not srun): the job fails; scontrol requeue resumes it.
 config kill9 2000
