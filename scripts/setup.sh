@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian 12 / Ubuntu 24.04 machine for MoP and build it. Idempotent: installs only
-# what is missing, fetches the cuDNN frontend headers once (when nvcc is present), builds into
-# build/, and prepares the default corpus (the King James Bible from Debian's bible-kjv packages)
-# as data/kjv.{bin,idx}. Quiet when everything is already there.
+# what is missing, fetches the cuDNN frontend and CUTLASS headers once (when nvcc is present),
+# builds into build/, and prepares the default corpus (the King James Bible from Debian's
+# bible-kjv packages) as data/kjv.{bin,idx}. Quiet when everything is already there.
 #   MOP_BUILD_DIR  build directory (default: build)
 #   MOP_CMAKE_ARGS extra CMake arguments (e.g. -DMOP_CUDA=OFF)
 set -euo pipefail
@@ -51,6 +51,29 @@ with zipfile.ZipFile(whl) as z:
 PY
   rm -rf "$tmp"
   [ -f third_party/cudnn_frontend/include/cudnn_frontend.h ] || { echo "cuDNN frontend headers not found in the wheel" >&2; exit 1; }
+fi
+
+# 2b. CUTLASS / CuTe headers (header-only; the Hopper grouped expert GEMMs of
+# kernels/grouped_gemm_sm90.cu) from the nvidia-cutlass wheel, which carries them under
+# cutlass_library/source/include/{cutlass,cute}.
+if [ -n "$nvcc_bin" ] && [ ! -f third_party/cutlass/include/cutlass/cutlass.h ]; then
+  say "fetching the CUTLASS headers into third_party/cutlass"
+  tmp=$(mktemp -d)
+  python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$tmp" nvidia-cutlass
+  python3 - "$tmp" <<'PY'
+import glob, os, sys, zipfile
+whl = glob.glob(os.path.join(sys.argv[1], "*.whl"))[0]
+src, out = "cutlass_library/source/include/", "third_party/cutlass/include"
+with zipfile.ZipFile(whl) as z:
+    for name in z.namelist():
+        if name.startswith(src) and name.endswith((".h", ".hpp", ".inl")):
+            dst = os.path.join(out, name[len(src):])
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            with open(dst, "wb") as f:
+                f.write(z.read(name))
+PY
+  rm -rf "$tmp"
+  [ -f third_party/cutlass/include/cutlass/cutlass.h ] || { echo "CUTLASS headers not found in the wheel" >&2; exit 1; }
 fi
 
 # 3. Build.

@@ -453,7 +453,7 @@ void Transformer::layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
   ops_.rmsnorm_bwd(dx, G(P.ln1), dln, x_in, W(P.ln1), act(a.rstd1, T), true);
 }
 
-void Transformer::run_forward(const Batch& b, float aux_scale, bool training) {
+void Transformer::run_forward(const Batch& b, float aux_scale, bool training, float ce_scale) {
   const int64_t T = int64_t(b.batch) * b.seq;
   MOP_CHECK(b.batch <= opt_.plan.max_batch && b.seq <= opt_.plan.max_seq, "micro-batch ", b.batch,
             "×", b.seq, " exceeds the planned ", opt_.plan.max_batch, "×", opt_.plan.max_seq);
@@ -484,8 +484,15 @@ void Transformer::run_forward(const Batch& b, float aux_scale, bool training) {
   before_forward(int(d_.layers) + 1);
   ops_.rmsnorm_fwd(act(s_.xf, T), act(s_.rstd_f, T), act(xs_[d_.layers], T),
                    W(layout_.final_norm), float(d_.rms_eps));
-  ops_.lmhead_ce_fwd(act(s_.loss_tok, T), act(s_.lse_tok, T), act(s_.xf, T), W(layout_.lm_head),
-                     b.targets, arena_.tensor(s_.lm_ws));
+  // Training: each chunk's cross-entropy gradient is known with its lse, so the head's dx and dW
+  // come from the forward's logits (the backward only reads them).
+  if (training)
+    ops_.lmhead_ce_fwd_bwd(act(s_.loss_tok, T), act(s_.lse_tok, T), act(s_.dxf, T),
+                           G(layout_.lm_head), act(s_.xf, T), W(layout_.lm_head), b.targets,
+                           ce_scale, arena_.tensor(s_.lm_ws));
+  else
+    ops_.lmhead_ce_fwd(act(s_.loss_tok, T), act(s_.lse_tok, T), act(s_.xf, T), W(layout_.lm_head),
+                       b.targets, arena_.tensor(s_.lm_ws));
   Tensor tmp = arena_.tensor(s_.loss_tmp), ce = arena_.tensor(s_.losses).rows(0, 1);
   ops_.sum(tmp, act(s_.loss_tok, T));
   ops_.add(ce, ce, tmp);
@@ -494,13 +501,11 @@ void Transformer::run_forward(const Batch& b, float aux_scale, bool training) {
 void Transformer::forward(const Batch& b, float aux_scale) { run_forward(b, aux_scale, false); }
 
 void Transformer::forward_backward(const Batch& b, float ce_scale, float aux_scale) {
-  run_forward(b, aux_scale, true);
+  run_forward(b, aux_scale, true, ce_scale);
   const int64_t T = int64_t(b.batch) * b.seq;
   const int L = int(d_.layers);
   Tensor dx = act(s_.dx, T);
   phase(true);
-  ops_.lmhead_ce_bwd(act(s_.dxf, T), G(layout_.lm_head), act(s_.xf, T), W(layout_.lm_head),
-                     b.targets, act(s_.lse_tok, T), ce_scale, arena_.tensor(s_.lm_ws));
   ops_.rmsnorm_bwd(dx, G(layout_.final_norm), act(s_.dxf, T), act(xs_[L], T),
                    W(layout_.final_norm), act(s_.rstd_f, T), false);
   after_backward(L + 1);

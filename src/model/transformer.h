@@ -116,7 +116,8 @@ class Transformer {
   void ffn_fwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor x_out, int64_t T);
   void ffn_bwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor dy, Tensor dx,
                int64_t T);
-  void run_forward(const Batch& b, float aux_scale, bool training);
+  // training: also the LM head's gradients (dxf, its dW), with ce_scale, from the forward's logits.
+  void run_forward(const Batch& b, float aux_scale, bool training, float ce_scale = 0);
   const Acts& acts(int l) const;
 
   const ModelLayout& layout_;

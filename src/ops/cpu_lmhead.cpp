@@ -1,6 +1,7 @@
 // CPU reference: fused LM head + cross-entropy, chunked over tokens. Each chunk of C tokens gets
 // its logits [C,V] in the workspace (the full [T,V] never exists); forward keeps per-token lse and
-// loss, backward recomputes the chunk's logits and turns them into dlogits in place.
+// loss, backward recomputes the chunk's logits and turns them into dlogits in place, and the
+// training form does both from one computation of each chunk's logits.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -39,62 +40,67 @@ void chunk_logits(T* ws, const T* x, const std::vector<T>& wt, int64_t t0, int64
   gemm_nn(ws, x + t0 * s.hidden, wt.data(), rows, s.vocab, s.hidden, T(1), T(0));
 }
 
+// lse and loss of chunk row r (logits z, the whole row). The whole row is in the workspace, so the
+// two-pass form (max, then Σ exp) is exact enough and simpler than an online update.
 template <class T>
-void lmhead_fwd_impl(Tensor loss, Tensor lse, const Tensor& x, const Tensor& w,
-                     const Tensor& targets, Tensor workspace, const LmHeadShape& s) {
-  std::vector<T> wt(size_t(s.vocab * s.hidden));
-  transpose(wt.data(), w.ptr<T>(), s.vocab, s.hidden);
-  T* ws = workspace.ptr<T>();
-  for (int64_t t0 = 0; t0 < s.num_tokens; t0 += s.chunk) {
-    const int64_t rows = std::min(s.chunk, s.num_tokens - t0);
-    chunk_logits(ws, x.ptr<T>(), wt, t0, rows, s);
-    // The whole row is in the workspace, so the two-pass form (max, then Σ exp) is exact enough
-    // and simpler than an online update.
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* z = ws + r * s.vocab;
-      T m = z[0];
-      for (int64_t v = 1; v < s.vocab; ++v) m = std::max(m, z[v]);
-      T l = 0;
-      for (int64_t v = 0; v < s.vocab; ++v) l += std::exp(z[v] - m);
-      const T row_lse = m + std::log(l);
-      const int32_t target = targets.ptr<int32_t>()[t0 + r];
-      lse.ptr<T>()[t0 + r] = row_lse;
-      loss.ptr<T>()[t0 + r] = target < 0 ? T(0) : row_lse - z[target];
-    }
+void row_lse_loss(const T* z, int32_t target, int64_t vocab, T* lse, T* loss) {
+  T m = z[0];
+  for (int64_t v = 1; v < vocab; ++v) m = std::max(m, z[v]);
+  T l = 0;
+  for (int64_t v = 0; v < vocab; ++v) l += std::exp(z[v] - m);
+  const T row_lse = m + std::log(l);
+  *lse = row_lse;
+  *loss = target < 0 ? T(0) : row_lse - z[target];
+}
+
+// z = dlogits = (softmax − onehot(target)) · grad_scale, in place; masked rows contribute nothing.
+template <class T>
+void row_dlogits(T* z, int32_t target, T row_lse, T grad_scale, int64_t vocab) {
+  if (target < 0) {
+    std::fill(z, z + vocab, T(0));
+    return;
+  }
+  for (int64_t v = 0; v < vocab; ++v) {
+    const T p = std::exp(z[v] - row_lse);
+    z[v] = (v == target ? p - T(1) : p) * grad_scale;
   }
 }
 
+// dx[chunk] = dlogits · w (overwrite);  dw += dlogitsᵀ · x[chunk].
 template <class T>
-void lmhead_bwd_impl(Tensor dx, Tensor dw, const Tensor& x, const Tensor& w, const Tensor& targets,
-                     const Tensor& lse, T grad_scale, Tensor workspace, const LmHeadShape& s) {
+void chunk_grads(Tensor dx, Tensor dw, const Tensor& x, const Tensor& w, const T* dlogits,
+                 std::vector<T>& dlogits_t, int64_t t0, int64_t rows, const LmHeadShape& s) {
+  gemm_nn(dx.ptr<T>() + t0 * s.hidden, dlogits, w.ptr<T>(), rows, s.hidden, s.vocab, T(1), T(0));
+  dlogits_t.resize(size_t(s.vocab * rows));
+  transpose(dlogits_t.data(), dlogits, rows, s.vocab);
+  gemm_nn(dw.ptr<T>(), dlogits_t.data(), x.ptr<T>() + t0 * s.hidden, s.vocab, s.hidden, rows,
+          T(1), T(1));
+}
+
+// Forward (loss, lse), backward (dx, dw from the saved lse, recomputing the logits), or both at
+// once (the logits of a chunk computed once): the same per-row arithmetic in every mode, so the
+// fused mode equals forward then backward bit for bit.
+enum class Mode { Forward, Backward, Both };
+
+template <class T>
+void lmhead_impl(Mode mode, Tensor loss, Tensor lse, Tensor dx, Tensor dw, const Tensor& x,
+                 const Tensor& w, const Tensor& targets, T grad_scale, Tensor workspace,
+                 const LmHeadShape& s) {
   std::vector<T> wt(size_t(s.vocab * s.hidden)), dlogits_t;
   transpose(wt.data(), w.ptr<T>(), s.vocab, s.hidden);
   T* ws = workspace.ptr<T>();
+  const int32_t* tg = targets.ptr<int32_t>();
   for (int64_t t0 = 0; t0 < s.num_tokens; t0 += s.chunk) {
     const int64_t rows = std::min(s.chunk, s.num_tokens - t0);
     chunk_logits(ws, x.ptr<T>(), wt, t0, rows, s);
-    // dlogits = (softmax − onehot(target)) · grad_scale; masked rows contribute nothing.
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       T* z = ws + r * s.vocab;
-      const int32_t target = targets.ptr<int32_t>()[t0 + r];
-      if (target < 0) {
-        std::fill(z, z + s.vocab, T(0));
-        continue;
-      }
-      const T row_lse = lse.ptr<T>()[t0 + r];
-      for (int64_t v = 0; v < s.vocab; ++v) {
-        const T p = std::exp(z[v] - row_lse);
-        z[v] = (v == target ? p - T(1) : p) * grad_scale;
-      }
+      if (mode != Mode::Backward)
+        row_lse_loss(z, tg[t0 + r], s.vocab, lse.ptr<T>() + t0 + r, loss.ptr<T>() + t0 + r);
+      if (mode != Mode::Forward) row_dlogits(z, tg[t0 + r], lse.ptr<T>()[t0 + r], grad_scale, s.vocab);
     }
-    // dx[chunk] = dlogits · w (overwrite);  dw += dlogitsᵀ · x[chunk].
-    gemm_nn(dx.ptr<T>() + t0 * s.hidden, ws, w.ptr<T>(), rows, s.hidden, s.vocab, T(1), T(0));
-    dlogits_t.resize(size_t(s.vocab * rows));
-    transpose(dlogits_t.data(), ws, rows, s.vocab);
-    gemm_nn(dw.ptr<T>(), dlogits_t.data(), x.ptr<T>() + t0 * s.hidden, s.vocab, s.hidden, rows,
-            T(1), T(1));
+    if (mode != Mode::Forward) chunk_grads(dx, dw, x, w, ws, dlogits_t, t0, rows, s);
   }
 }
 
@@ -107,7 +113,8 @@ void lmhead_ce_fwd(Tensor loss, Tensor lse, const Tensor& x, const Tensor& w, co
   expect(lse, "lmhead_ce_fwd: lse", acc_dtype(x.dtype), {s.num_tokens});
   MOP_CHECK(s.vocab > 0, "lmhead_ce_fwd: empty vocabulary");
   dispatch_float(x.dtype, [&](auto tag) {
-    lmhead_fwd_impl<decltype(tag)>(loss, lse, x, w, targets, workspace, s);
+    using T = decltype(tag);
+    lmhead_impl<T>(Mode::Forward, loss, lse, {}, {}, x, w, targets, T(0), workspace, s);
   });
 }
 
@@ -119,7 +126,21 @@ void lmhead_ce_bwd(Tensor dx, Tensor dw, const Tensor& x, const Tensor& w, const
   expect(lse, "lmhead_ce_bwd: lse", acc_dtype(x.dtype), {s.num_tokens});
   dispatch_float(x.dtype, [&](auto tag) {
     using T = decltype(tag);
-    lmhead_bwd_impl<T>(dx, dw, x, w, targets, lse, T(grad_scale), workspace, s);
+    lmhead_impl<T>(Mode::Backward, {}, lse, dx, dw, x, w, targets, T(grad_scale), workspace, s);
+  });
+}
+
+void lmhead_ce_fwd_bwd(Tensor loss, Tensor lse, Tensor dx, Tensor dw, const Tensor& x,
+                       const Tensor& w, const Tensor& targets, float grad_scale, Tensor workspace) {
+  LmHeadShape s = check_shapes(x, w, targets, workspace, "lmhead_ce_fwd_bwd");
+  expect(loss, "lmhead_ce_fwd_bwd: loss", acc_dtype(x.dtype), {s.num_tokens});
+  expect(lse, "lmhead_ce_fwd_bwd: lse", acc_dtype(x.dtype), {s.num_tokens});
+  expect(dx, "lmhead_ce_fwd_bwd: dx", x.dtype, {s.num_tokens, s.hidden});
+  expect(dw, "lmhead_ce_fwd_bwd: dw", x.dtype, {s.vocab, s.hidden});
+  MOP_CHECK(s.vocab > 0, "lmhead_ce_fwd_bwd: empty vocabulary");
+  dispatch_float(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    lmhead_impl<T>(Mode::Both, loss, lse, dx, dw, x, w, targets, T(grad_scale), workspace, s);
   });
 }
 

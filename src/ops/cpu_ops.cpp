@@ -114,6 +114,11 @@ class CpuOps final : public Ops {
                      const Tensor& lse, float grad_scale, Tensor workspace) override {
     cpu::lmhead_ce_bwd(dx, dw, x, w, targets, lse, grad_scale, workspace);
   }
+  void lmhead_ce_fwd_bwd(Tensor loss, Tensor lse, Tensor dx, Tensor dw, const Tensor& x,
+                         const Tensor& w, const Tensor& targets, float grad_scale,
+                         Tensor workspace) override {
+    cpu::lmhead_ce_fwd_bwd(loss, lse, dx, dw, x, w, targets, grad_scale, workspace);
+  }
 
   void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad,
                   const AdamWArgs& args) override {

@@ -100,6 +100,8 @@ void lmhead_ce_fwd(Tensor loss, Tensor lse, const Tensor& x, const Tensor& w, co
                    Tensor workspace);
 void lmhead_ce_bwd(Tensor dx, Tensor dw, const Tensor& x, const Tensor& w, const Tensor& targets,
                    const Tensor& lse, float grad_scale, Tensor workspace);
+void lmhead_ce_fwd_bwd(Tensor loss, Tensor lse, Tensor dx, Tensor dw, const Tensor& x,
+                       const Tensor& w, const Tensor& targets, float grad_scale, Tensor workspace);
 
 // ---- cpu_adamw.cpp ----------------------------------------------------------------------------
 void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad, const AdamWArgs& args);

@@ -93,6 +93,9 @@ class CudaOps final : public Ops {
                      const Tensor& targets, Tensor workspace) override;
   void lmhead_ce_bwd(Tensor dx, Tensor dw, const Tensor& x, const Tensor& w, const Tensor& targets,
                      const Tensor& lse, float grad_scale, Tensor workspace) override;
+  void lmhead_ce_fwd_bwd(Tensor loss, Tensor lse, Tensor dx, Tensor dw, const Tensor& x,
+                         const Tensor& w, const Tensor& targets, float grad_scale,
+                         Tensor workspace) override;
 
   void adamw_step(Tensor param, Tensor m, Tensor v, const Tensor& grad,
                   const AdamWArgs& args) override;
@@ -102,6 +105,9 @@ class CudaOps final : public Ops {
  private:
   // Family hooks, defined in the family files.
   void prepare_gemm(const OpShapes& shapes);
+  // LM head gradients (cuda_ops_gemm.cpp), with the forward's loss and lse when `loss` is given.
+  void lmhead(Tensor* loss, Tensor lse, Tensor dx, Tensor dw, const Tensor& x, const Tensor& w,
+              const Tensor& targets, float grad_scale, Tensor workspace, const char* op);
   void prepare_attention(const OpShapes& shapes);
   void prepare_moe(const OpShapes& shapes);
   void prepare_pointwise(const OpShapes& shapes);

@@ -1,9 +1,13 @@
 // CudaOps' GEMM family: dense GEMM (cuBLASLt, cuda_gemm_lt.h), grouped expert GEMMs, and the fused
 // LM head + cross-entropy (cuBLASLt logits per token chunk, kernels/cross_entropy.cu). A grouped
-// GEMM runs as one cublasGemmGroupedBatchedEx ("grouped"; bf16 C only), one cuBLASLt matmul per
-// non-empty expert ("loop"), or those matmuls spread over side streams ("streams").
-// MOP_GROUPED_GEMM=grouped|loop|streams|auto picks one, read at every call so a benchmark can
-// switch; auto (the default) is grouped for small experts, streams otherwise (kLoopMinMeanRows).
+// GEMM runs as one CUTLASS sm90 grouped kernel ("cutlass"; Hopper, n and k multiples of 8,
+// kernels/grouped_gemm_sm90.cuh), one cublasGemmGroupedBatchedEx ("grouped"; bf16 C only), one
+// cuBLASLt matmul per non-empty expert ("loop"), or those matmuls spread over side streams
+// ("streams"). MOP_GROUPED_GEMM=cutlass|grouped|loop|streams|cublas|auto picks one, read at every
+// call so a benchmark can switch; auto (the default) is cutlass where it can run, else cublas:
+// grouped for small experts and streams otherwise (kLoopMinMeanRows). A call cutlass cannot take
+// goes to cublas, one grouped cannot take to the loop. MOP_GROUPED_GEMM_CONFIG overrides the
+// CUTLASS tile configuration (mop_bench's tuning knob; kernels/grouped_gemm_sm90*.cu list them).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -15,6 +19,7 @@
 
 #include "runtime/cuda_check.h"
 #include "kernels/cross_entropy.cuh"
+#include "kernels/grouped_gemm_sm90.cuh"
 #include "ops/cuda_gemm_lt.h"
 #include "ops/cuda_ops.h"
 
@@ -28,10 +33,14 @@ constexpr size_t kWorkspaceBytes = 64 * kMiB;
 // streams alike: loop and streams then use the same algorithms and agree bitwise.
 constexpr size_t kExpertWorkspaceBytes = 8 * kMiB;
 constexpr int kSideStreams = 4;
-// Pinned pointer-array slots of the grouped path: the host blocks only when it runs this many
-// grouped calls ahead of the device (it must not overwrite a slot whose copy is still queued).
+// Pinned argument-array slots of the grouped and cutlass paths: the host blocks only when it runs
+// this many such calls ahead of the device (it must not overwrite a slot whose copy is queued).
 constexpr int kPointerSlots = 32;
-// auto: cublasGemmGroupedBatchedEx below this mean number of rows per non-empty expert, a call
+// auto takes cutlass wherever it can run: on the H200 at the q3moe-8l expert shapes (E=128) it
+// ran fwd/dgrad at 497–608 TFLOP/s vs ≤ 314 for the best cuBLAS path at 256 rows per expert and
+// 617–712 vs ≤ 536 at 1024, wgrad at 196–204 vs ≤ 171 (256 rows) and 444–507 vs streams 332–509
+// (1024: a tie on gate_up, 34% ahead on down).
+// cublas: cublasGemmGroupedBatchedEx below this mean number of rows per non-empty expert, a call
 // per expert spread over the side streams from it on (and always for the fp32-output weight
 // gradient, which the grouped call cannot do). Measured with `mop_bench grouped` on the H200 at
 // the q3moe-8l expert shapes (E=128): at 256 rows grouped 277–308 TFLOP/s vs loop 106–224 and
@@ -39,17 +48,47 @@ constexpr int kPointerSlots = 32;
 // 315–524 vs grouped 291–328 (fwd/dgrad) and wgrad streams 312–506 vs loop 300–340.
 constexpr int64_t kLoopMinMeanRows = 512;
 
-enum class GroupedPath { Auto, Grouped, Loop, Streams };
+enum class GroupedPath { Auto, Cutlass, Cublas, Grouped, Loop, Streams };
 
 GroupedPath requested_grouped_path() {
   const char* v = std::getenv("MOP_GROUPED_GEMM");
   if (!v || !*v || !std::strcmp(v, "auto")) return GroupedPath::Auto;
+  if (!std::strcmp(v, "cutlass")) return GroupedPath::Cutlass;
+  if (!std::strcmp(v, "cublas")) return GroupedPath::Cublas;
   if (!std::strcmp(v, "grouped")) return GroupedPath::Grouped;
   if (!std::strcmp(v, "loop")) return GroupedPath::Loop;
   if (!std::strcmp(v, "streams")) return GroupedPath::Streams;
-  throw_user_error("MOP_GROUPED_GEMM=", v, ": expected grouped, loop, streams or auto");
+  throw_user_error("MOP_GROUPED_GEMM=", v,
+                   ": expected cutlass, grouped, loop, streams, cublas or auto");
   return GroupedPath::Auto;
 }
+
+using kernels::GroupedGemmSm90Op;
+
+#if MOP_HAVE_CUTLASS_SM90
+// MOP_GROUPED_GEMM_CONFIG: the CUTLASS tile configuration, one index for every op or three
+// ("fwd,bwd_data,bwd_weight"); -1 (unset) for the op's default.
+int requested_sm90_config(GroupedGemmSm90Op op) {
+  const char* v = std::getenv("MOP_GROUPED_GEMM_CONFIG");
+  if (!v || !*v) return -1;
+  long c[3] = {-1, -1, -1};
+  int count = 0;
+  const char* at = v;
+  for (char* end = nullptr; count < 3; at = end + 1) {
+    c[count++] = std::strtol(at, &end, 10);
+    if (end == at || *end != ',') {
+      at = end;
+      break;
+    }
+  }
+  const long mine = count == 1 ? c[0] : c[int(op)];
+  const int num = kernels::grouped_gemm_sm90_num_configs(op);
+  if (*at || (count != 1 && count != 3) || mine < 0 || mine >= num)
+    throw_user_error("MOP_GROUPED_GEMM_CONFIG=", v, ": expected one index or three (fwd,",
+                     "bwd_data,bwd_weight), each below the op's ", num, " configurations");
+  return int(mine);
+}
+#endif
 
 // Device tensor of the given dtype and exactly the given shape.
 void expect_cuda(const Tensor& t, const char* name, DType dtype,
@@ -97,6 +136,16 @@ struct GemmState {
     MOP_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     for (cudaEvent_t& e : slot_copied)
       MOP_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+#if MOP_HAVE_CUTLASS_SM90
+    // The sm_90a kernels run on compute capability 9.0 only.
+    int device = 0, major = 0, minor = 0;
+    MOP_CUDA_CHECK(cudaGetDevice(&device));
+    MOP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    MOP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    if (major == 9 && minor == 0)
+      sm90_workspace = Buffer(MemKind::Device,
+                              std::max<size_t>(kernels::grouped_gemm_sm90_workspace_bytes(), 1));
+#endif
   }
   ~GemmState() {
     for (int i = 0; i < kSideStreams; ++i) {
@@ -123,10 +172,16 @@ struct GemmState {
   void reserve_groups(int64_t groups) {
     if (groups <= group_capacity) return;
     MOP_CUDA_CHECK(cudaStreamSynchronize(stream));
-    group_ptrs = Buffer(MemKind::Device, size_t(3 * groups) * sizeof(void*));
-    group_ptrs_pinned = Buffer(MemKind::Pinned, size_t(kPointerSlots * 3 * groups) * sizeof(void*));
+    slot_bytes = size_t(3 * groups) * sizeof(void*);
+#if MOP_HAVE_CUTLASS_SM90
+    slot_bytes = std::max(slot_bytes, kernels::grouped_gemm_sm90_args_bytes(groups));
+#endif
+    slot_bytes = (slot_bytes + 255) / 256 * 256;
+    args = Buffer(MemKind::Device, slot_bytes);
+    args_pinned = Buffer(MemKind::Pinned, kPointerSlots * slot_bytes);
     group_capacity = groups;
     calls.reserve(size_t(groups));
+    sm90_experts.reserve(size_t(groups));
     for (auto* v : {&m, &n, &k, &lda, &ldb, &ldc, &group_size}) v->reserve(size_t(groups));
     for (auto* v : {&trans_a, &trans_b}) v->reserve(size_t(groups));
     for (auto* v : {&alpha, &beta}) v->reserve(size_t(groups));
@@ -137,9 +192,21 @@ struct GemmState {
     MOP_CUDA_CHECK(cudaStreamSynchronize(stream));
     dlogits = Buffer(MemKind::Device, bytes);
   }
+  // The next pinned argument slot, once the launch that last read it has been queued past (see
+  // args below); release_slot() after the launch that uses it.
+  void* acquire_slot(int* slot) {
+    *slot = next_slot;
+    next_slot = (next_slot + 1) % kPointerSlots;
+    MOP_CUDA_CHECK(cudaEventSynchronize(slot_copied[size_t(*slot)]));
+    return static_cast<char*>(args_pinned.data()) + size_t(*slot) * slot_bytes;
+  }
+  void release_slot(int slot) {
+    MOP_CUDA_CHECK(cudaEventRecord(slot_copied[size_t(slot)], stream));
+  }
+  bool sm90_ready() const { return sm90_workspace.bytes() > 0; }
   size_t bytes() const {
-    return workspace.bytes() + side_workspace.bytes() + group_ptrs.bytes() +
-           group_ptrs_pinned.bytes() + dlogits.bytes();
+    return workspace.bytes() + side_workspace.bytes() + args.bytes() + args_pinned.bytes() +
+           sm90_workspace.bytes() + dlogits.bytes();
   }
 
   cudaStream_t stream;
@@ -152,12 +219,21 @@ struct GemmState {
 
   // Per-expert matmuls of the current grouped call (non-empty experts only).
   std::vector<GemmCall> calls;
-  // cublasGemmGroupedBatchedEx: device pointer arrays [A(G) | B(G) | C(G)] filled by one copy per
-  // call from a pinned slot [kPointerSlots][3·capacity]; slot_copied[s] marks the copy done.
+  // Argument arrays of one grouped launch (cublasGemmGroupedBatchedEx's [A(G) | B(G) | C(G)]
+  // pointers, or the CUTLASS kernel's shapes, pointers and strides): written on the host into
+  // pinned slot s of [kPointerSlots][slot_bytes], copied by one cudaMemcpyAsync into `args`, which
+  // the launch reads. `args` is reused in stream order; slot_copied[s] is recorded after the launch
+  // and waited on before slot s is written again, so the host never blocks on the device unless
+  // it runs kPointerSlots launches ahead.
   int64_t group_capacity = 0;
-  Buffer group_ptrs, group_ptrs_pinned;
+  size_t slot_bytes = 0;
+  Buffer args, args_pinned;
   std::array<cudaEvent_t, kPointerSlots> slot_copied{};
   int next_slot = 0;
+  // CUTLASS kernels: their per-SM TMA descriptors (allocated once; empty when the kernels are not
+  // built or the device is not sm_90), and the experts of the current call.
+  Buffer sm90_workspace;
+  std::vector<kernels::GroupedGemmSm90Expert> sm90_experts;
   std::vector<cublasOperation_t> trans_a, trans_b;
   std::vector<int> m, n, k, lda, ldb, ldc, group_size;
   std::vector<float> alpha, beta;
@@ -196,11 +272,8 @@ bool run_grouped(GemmState& st) {
   const auto& calls = st.calls;
   const int64_t num = int64_t(calls.size());
   st.reserve_groups(num);
-  const int slot = st.next_slot;
-  st.next_slot = (slot + 1) % kPointerSlots;
-  MOP_CUDA_CHECK(cudaEventSynchronize(st.slot_copied[size_t(slot)]));
-  const void** host = static_cast<const void**>(st.group_ptrs_pinned.data()) +
-                      size_t(slot) * 3 * size_t(st.group_capacity);
+  int slot = 0;
+  const void** host = static_cast<const void**>(st.acquire_slot(&slot));
   for (auto* v : {&st.m, &st.n, &st.k, &st.lda, &st.ldb, &st.ldc, &st.group_size}) v->clear();
   st.trans_a.clear();
   st.trans_b.clear();
@@ -224,10 +297,10 @@ bool run_grouped(GemmState& st) {
     st.beta.push_back(g.beta);
     st.group_size.push_back(1);
   }
-  MOP_CUDA_CHECK(cudaMemcpyAsync(st.group_ptrs.data(), host, size_t(3 * num) * sizeof(void*),
+  MOP_CUDA_CHECK(cudaMemcpyAsync(st.args.data(), host, size_t(3 * num) * sizeof(void*),
                                  cudaMemcpyHostToDevice, st.stream));
-  MOP_CUDA_CHECK(cudaEventRecord(st.slot_copied[size_t(slot)], st.stream));
-  void** dev = static_cast<void**>(st.group_ptrs.data());
+  st.release_slot(slot);
+  void** dev = static_cast<void**>(st.args.data());
   st.lt.bind_blas(st.lane());
   const cublasStatus_t status = cublasGemmGroupedBatchedEx(
       st.lt.blas(), st.trans_a.data(), st.trans_b.data(), st.m.data(), st.n.data(), st.k.data(),
@@ -254,11 +327,54 @@ void run_streams(GemmState& st) {
   }
 }
 
-void run_expert_gemms(GemmState& st) {
+// The CUTLASS kernels take the call when they are built and the device is sm_90, and every row
+// is 16-byte aligned for TMA (n and k multiples of 8, aligned pointers). n, k are the weight's
+// [n,k] for all three ops.
+bool sm90_capable(const GemmState& st, int64_t n, int64_t k) {
+  if (!st.sm90_ready() || n % kernels::kGroupedGemmSm90Multiple != 0 ||
+      k % kernels::kGroupedGemmSm90Multiple != 0 || std::max(n, k) > INT_MAX)
+    return false;
+  for (const GemmCall& g : st.calls) {
+    if (std::max({g.m, g.n, g.k}) > INT_MAX) return false;
+    for (const void* p : {g.a, g.b, static_cast<const void*>(g.c)})
+      if (pointer_alignment(p) < 16) return false;
+  }
+  return true;
+}
+
+// One CUTLASS launch over st.calls. The ops built the calls in row-major GEMM terms; the kernel
+// takes each expert's (a, b, d, rows) in the op's own terms (grouped_gemm_sm90.cuh): rows is the
+// call's m for fwd and bwd_data, its k (the summed dimension) for bwd_weight.
+void run_sm90(GemmState& st, GroupedGemmSm90Op op, int64_t n, int64_t k) {
+#if MOP_HAVE_CUTLASS_SM90
+  const int64_t num = int64_t(st.calls.size());
+  st.reserve_groups(num);
+  st.sm90_experts.clear();
+  for (const GemmCall& g : st.calls)
+    st.sm90_experts.push_back({g.a, g.b, g.c, op == GroupedGemmSm90Op::BwdWeight ? g.k : g.m});
+  int slot = 0;
+  void* host = st.acquire_slot(&slot);
+  kernels::grouped_gemm_sm90(op, st.sm90_experts.data(), num, n, k, host, st.args.data(),
+                             st.sm90_workspace.data(), st.sm90_workspace.bytes(),
+                             requested_sm90_config(op), st.stream);
+  st.release_slot(slot);
+#else
+  MOP_UNREACHABLE("run_sm90 without the CUTLASS kernels (sm90_ready() is false)");
+#endif
+}
+
+void run_expert_gemms(GemmState& st, GroupedGemmSm90Op op, int64_t n, int64_t k) {
   if (st.calls.empty()) return;
   GroupedPath path = requested_grouped_path();
+  if (path == GroupedPath::Cutlass || path == GroupedPath::Auto) {
+    if (sm90_capable(st, n, k)) {
+      run_sm90(st, op, n, k);
+      return;
+    }
+    path = GroupedPath::Cublas;
+  }
   const bool capable = grouped_capable(st.calls);
-  if (path == GroupedPath::Auto) {
+  if (path == GroupedPath::Cublas) {
     int64_t rows = 0;
     for (const GemmCall& g : st.calls) rows += g.m;
     path = capable && rows < kLoopMinMeanRows * int64_t(st.calls.size()) ? GroupedPath::Grouped
@@ -357,7 +473,7 @@ void CudaOps::grouped_gemm_fwd(Tensor y, const Tensor& x, const Tensor& w, const
     st.calls.push_back({elem(y, o[e] * n), DType::BF16, elem(x, o[e] * k), false,
                         elem(w, e * n * k), true, rows, n, k, 1, 0});
   }
-  run_expert_gemms(st);
+  run_expert_gemms(st, GroupedGemmSm90Op::Fwd, n, k);
 }
 
 void CudaOps::grouped_gemm_bwd_data(Tensor dx, const Tensor& dy, const Tensor& w,
@@ -379,7 +495,7 @@ void CudaOps::grouped_gemm_bwd_data(Tensor dx, const Tensor& dy, const Tensor& w
     st.calls.push_back({elem(dx, o[e] * k), DType::BF16, elem(dy, o[e] * n), false,
                         elem(w, e * n * k), false, rows, k, n, 1, 0});
   }
-  run_expert_gemms(st);
+  run_expert_gemms(st, GroupedGemmSm90Op::BwdData, n, k);
 }
 
 void CudaOps::grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x,
@@ -401,7 +517,7 @@ void CudaOps::grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor&
     st.calls.push_back({elem(dw, e * n * k), DType::F32, elem(dy, o[e] * n), true,
                         elem(x, o[e] * k), false, n, k, rows, 1, 1});
   }
-  run_expert_gemms(st);
+  run_expert_gemms(st, GroupedGemmSm90Op::BwdWeight, n, k);
 }
 
 void CudaOps::lmhead_ce_fwd(Tensor loss, Tensor lse, const Tensor& x, const Tensor& w,
@@ -422,10 +538,25 @@ void CudaOps::lmhead_ce_fwd(Tensor loss, Tensor lse, const Tensor& x, const Tens
 void CudaOps::lmhead_ce_bwd(Tensor dx, Tensor dw, const Tensor& x, const Tensor& w,
                             const Tensor& targets, const Tensor& lse, float grad_scale,
                             Tensor workspace) {
-  const LmHeadShape s = check_lmhead(x, w, targets, workspace, "lmhead_ce_bwd");
-  expect_cuda(dx, "lmhead_ce_bwd: dx", DType::BF16, {s.tokens, s.hidden});
-  expect_cuda(dw, "lmhead_ce_bwd: dw", DType::F32, {s.vocab, s.hidden});
-  expect_cuda(lse, "lmhead_ce_bwd: lse", DType::F32, {s.tokens});
+  lmhead(nullptr, lse, dx, dw, x, w, targets, grad_scale, workspace, "lmhead_ce_bwd");
+}
+
+void CudaOps::lmhead_ce_fwd_bwd(Tensor loss, Tensor lse, Tensor dx, Tensor dw, const Tensor& x,
+                                const Tensor& w, const Tensor& targets, float grad_scale,
+                                Tensor workspace) {
+  lmhead(&loss, lse, dx, dw, x, w, targets, grad_scale, workspace, "lmhead_ce_fwd_bwd");
+}
+
+// The gradient passes, with the forward's too when `loss` is given (each chunk's logits computed
+// once; the same kernels and GEMMs as forward then backward, so the same bits).
+void CudaOps::lmhead(Tensor* loss, Tensor lse, Tensor dx, Tensor dw, const Tensor& x,
+                     const Tensor& w, const Tensor& targets, float grad_scale, Tensor workspace,
+                     const char* op) {
+  const LmHeadShape s = check_lmhead(x, w, targets, workspace, op);
+  if (loss) expect_cuda(*loss, "lmhead_ce: loss", DType::F32, {s.tokens});
+  expect_cuda(lse, "lmhead_ce: lse", DType::F32, {s.tokens});
+  expect_cuda(dx, "lmhead_ce: dx", DType::BF16, {s.tokens, s.hidden});
+  expect_cuda(dw, "lmhead_ce: dw", DType::F32, {s.vocab, s.hidden});
   if (s.tokens == 0) return;
   GemmState& st = gemm_state(gemm_, stream_);
   st.reserve_dlogits(std::min(s.chunk, s.tokens) * s.vocab);
@@ -433,14 +564,18 @@ void CudaOps::lmhead_ce_bwd(Tensor dx, Tensor dw, const Tensor& x, const Tensor&
   for (int64_t t0 = 0; t0 < s.tokens; t0 += s.chunk) {
     const int64_t rows = std::min(s.chunk, s.tokens - t0);
     st.lt.run(chunk_logits(workspace, x, w, t0, rows, s), st.lane());
+    if (loss)
+      kernels::cross_entropy_fwd(loss->ptr<float>() + t0, lse.ptr<float>() + t0,
+                                 workspace.ptr<float>(), targets.ptr<int32_t>() + t0, rows,
+                                 s.vocab, stream_);
     kernels::cross_entropy_bwd(dlogits, workspace.ptr<float>(), lse.ptr<float>() + t0,
                                targets.ptr<int32_t>() + t0, grad_scale, rows, s.vocab, stream_);
     // dx[chunk] = dlogits[rows,V] · w[V,H] (overwrite);  dw[V,H] += dlogits[rows,V]ᵀ · x[chunk].
     st.lt.run({elem(dx, t0 * s.hidden), DType::BF16, dlogits, false, w.data, false, rows, s.hidden,
                s.vocab, 1, 0},
               st.lane());
-    st.lt.run({dw.data, DType::F32, dlogits, true, elem(x, t0 * s.hidden), false, s.vocab, s.hidden,
-               rows, 1, 1},
+    st.lt.run({dw.data, DType::F32, dlogits, true, elem(x, t0 * s.hidden), false, s.vocab,
+               s.hidden, rows, 1, 1},
               st.lane());
   }
 }

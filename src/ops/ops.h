@@ -193,6 +193,16 @@ class Ops {
   virtual void lmhead_ce_bwd(Tensor dx, Tensor dw, const Tensor& x, const Tensor& w,
                              const Tensor& targets, const Tensor& lse, float grad_scale,
                              Tensor workspace) = 0;
+  // Both at once, for training: a chunk's gradient is known as soon as its lse is, so each
+  // chunk's logits are computed once and turned into dx and dw (three passes over the vocabulary
+  // instead of four). The same loss, lse, dx and dw as lmhead_ce_fwd then lmhead_ce_bwd, bit for
+  // bit; backends may fuse (this default runs the two).
+  virtual void lmhead_ce_fwd_bwd(Tensor loss, Tensor lse, Tensor dx, Tensor dw, const Tensor& x,
+                                 const Tensor& w, const Tensor& targets, float grad_scale,
+                                 Tensor workspace) {
+    lmhead_ce_fwd(loss, lse, x, w, targets, workspace);
+    lmhead_ce_bwd(dx, dw, x, w, targets, lse, grad_scale, workspace);
+  }
 
   // ---- optimizer -----------------------------------------------------------------------------
   // AdamW (decoupled weight decay, torch.optim.AdamW's form) on fp32 param/m/v; grad any float.

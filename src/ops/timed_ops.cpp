@@ -278,6 +278,10 @@ void TimedOps::lmhead_ce_bwd(Tensor dx, Tensor dw, const Tensor& x, const Tensor
                              const Tensor& targets, const Tensor& lse, float scale, Tensor ws) {
   MOP_TIMED(Loss, lmhead_ce_bwd(dx, dw, x, w, targets, lse, scale, ws));
 }
+void TimedOps::lmhead_ce_fwd_bwd(Tensor loss, Tensor lse, Tensor dx, Tensor dw, const Tensor& x,
+                                 const Tensor& w, const Tensor& targets, float scale, Tensor ws) {
+  MOP_TIMED(Loss, lmhead_ce_fwd_bwd(loss, lse, dx, dw, x, w, targets, scale, ws));
+}
 void TimedOps::adamw_step(Tensor p, Tensor m, Tensor v, const Tensor& g, const AdamWArgs& a) {
   MOP_TIMED(Optimizer, adamw_step(p, m, v, g, a));
 }

@@ -108,6 +108,9 @@ class TimedOps final : public Ops {
                      const Tensor& targets, Tensor ws) override;
   void lmhead_ce_bwd(Tensor dx, Tensor dw, const Tensor& x, const Tensor& w, const Tensor& targets,
                      const Tensor& lse, float scale, Tensor ws) override;
+  void lmhead_ce_fwd_bwd(Tensor loss, Tensor lse, Tensor dx, Tensor dw, const Tensor& x,
+                         const Tensor& w, const Tensor& targets, float grad_scale,
+                         Tensor workspace) override;
   void adamw_step(Tensor p, Tensor m, Tensor v, const Tensor& g, const AdamWArgs& a) override;
   void adamw_step_cast(Tensor p, Tensor m, Tensor v, const Tensor& g, const AdamWArgs& a,
                        Tensor w) override;

@@ -564,15 +564,14 @@ StepTime Model::run() {
   timed(fwd[size_t(segments - 1)], [&] {
     set(kLmHead, Phase::Forward);
     norm(T, H, false);
-    const double f = 2 * T * V * H;
-    charge(OpCategory::Loss, f / d_.lm_head_fwd.at(chunk) + 2 * d_.launch_seconds);
+    // The training forward computes each chunk's logits once and from them dx and dW as well
+    // (lmhead_ce_fwd_bwd): the three passes `mop calibrate` times as the LM head's backward.
+    const double f = 6 * T * V * H;
+    charge(OpCategory::Loss, f / d_.lm_head_bwd.at(chunk) + 2 * d_.launch_seconds);
     flop(f);
   });
   timed(bwd[size_t(segments - 1)], [&] {
     set(kLmHead, Phase::Backward);
-    const double f = 6 * T * V * H;  // the logits again, dx and dW
-    charge(OpCategory::Loss, f / d_.lm_head_bwd.at(chunk) + d_.launch_seconds);
-    flop(f);
     norm(T, H, true);
   });
   for (int l = int(d.layers) - 1; l >= 0; --l)

@@ -1,5 +1,6 @@
 // GEMM family benchmarks (mop_bench gemm | grouped | lmhead): the dense ceiling (8192³), the
-// q3moe-8l dense shapes at T = 4096, the grouped expert GEMMs on each path (MOP_GROUPED_GEMM), and
+// q3moe-8l dense shapes at T = 4096, the grouped expert GEMMs on each path (every path, or only the
+// one MOP_GROUPED_GEMM names when it is set; MOP_GROUPED_GEMM_CONFIG picks the CUTLASS tiles), and
 // the fused LM head + cross-entropy. Each case first checks sampled outputs against fp64 sums of
 // the same bf16 inputs (with a rigorous fp32-accumulation bound), then times.
 // FLOPs: 2·M·N·K per GEMM; grouped: 2·R·N·K over all R routed rows; LM head: forward 2·T·V·H,
@@ -11,7 +12,10 @@
 
 #include <stdlib.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -96,8 +100,18 @@ bool within(double got, double ref, double abs_sum, int64_t k, DType out) {
   return std::fabs(got - ref) <= tol;
 }
 
-void set_path(const char* path) {
-  setenv("MOP_GROUPED_GEMM", path, 1);
+void set_path(const std::string& path) {
+  setenv("MOP_GROUPED_GEMM", path.c_str(), 1);
+}
+
+// The grouped paths to time: MOP_GROUPED_GEMM as given when mop_bench started, or all of them.
+const std::vector<std::string>& grouped_paths() {
+  static const std::vector<std::string> paths = [] {
+    const char* v = getenv("MOP_GROUPED_GEMM");
+    if (v && *v) return std::vector<std::string>{v};
+    return std::vector<std::string>{"cutlass", "grouped", "loop", "streams"};
+  }();
+  return paths;
 }
 
 // ---- dense -------------------------------------------------------------------------------------
@@ -158,6 +172,32 @@ MOP_BENCH("gemm q3moe-8l dense shapes, T = 4096") {
 
 // ---- grouped -----------------------------------------------------------------------------------
 
+// The isolated time above (L2 flushed, one call) counts whatever the host spends enqueueing a call
+// beyond the flush's head start. This adds the other view, a training step's: the rate of 10
+// back-to-back calls (no flush; the inputs exceed L2 anyway) and the host time to enqueue one.
+std::string back_to_back(const std::function<void()>& fn, cudaStream_t stream, double flops) {
+  constexpr int kCalls = 10;
+  cudaEvent_t start, stop;
+  MOP_CUDA_CHECK(cudaEventCreate(&start));
+  MOP_CUDA_CHECK(cudaEventCreate(&stop));
+  MOP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  MOP_CUDA_CHECK(cudaEventRecord(start, stream));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kCalls; ++i) fn();
+  const auto t1 = std::chrono::steady_clock::now();
+  MOP_CUDA_CHECK(cudaEventRecord(stop, stream));
+  MOP_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  MOP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  const double host_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / kCalls;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "; back-to-back %.1f TFLOP/s, host %.0f us/call",
+                flops * kCalls / ms / 1e9, host_us);
+  return buf;
+}
+
 // E = 128 experts × `rows` each; w [E,N,K]. fwd y = x·wᵀ, bwd_data dx = dy·w, bwd_weight dw +=
 // dyᵀ·x.
 void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows) {
@@ -178,9 +218,12 @@ void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows) {
   const std::string tag = std::string(shape) + " E128x" + std::to_string(rows);
   auto sample = [&](int s, int64_t mod) { return int64_t(splitmix(uint64_t(s)) % uint64_t(mod)); };
 
-  for (const char* path : {"grouped", "loop", "streams"}) {
+  const char* config = getenv("MOP_GROUPED_GEMM_CONFIG");
+  for (const std::string& path : grouped_paths()) {
     set_path(path);
-    const std::string note = std::string("MOP_GROUPED_GEMM=") + path;
+    std::string note = "MOP_GROUPED_GEMM=" + path;
+    if (path == "cutlass" && config && *config)
+      note += " MOP_GROUPED_GEMM_CONFIG=" + std::string(config);
     // fwd: y[r,j] = Σ_k x[r,k]·w[e,j,k]
     ops.grouped_gemm_fwd(y, x, w, offsets);
     {
@@ -196,8 +239,10 @@ void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows) {
         }
         valid = valid && within(got.get(r * n + j), ref, abs_sum, k, DType::BF16);
       }
-      const double ms = time_ms([&] { ops.grouped_gemm_fwd(y, x, w, offsets); }, ops.cuda_stream());
-      report("grouped fwd        " + tag, valid, ms, flops, 0, kGemmTflops, note);
+      const auto fn = [&] { ops.grouped_gemm_fwd(y, x, w, offsets); };
+      const double ms = time_ms(fn, ops.cuda_stream());
+      report("grouped fwd        " + tag, valid, ms, flops, 0, kGemmTflops,
+             note + back_to_back(fn, ops.cuda_stream(), flops));
     }
     // bwd_data: dx[r,kk] = Σ_j dy[r,j]·w[e,j,kk]
     ops.grouped_gemm_bwd_data(dx, dy, w, offsets);
@@ -214,9 +259,10 @@ void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows) {
         }
         valid = valid && within(got.get(r * k + kk), ref, abs_sum, n, DType::BF16);
       }
-      const double ms =
-          time_ms([&] { ops.grouped_gemm_bwd_data(dx, dy, w, offsets); }, ops.cuda_stream());
-      report("grouped bwd_data   " + tag, valid, ms, flops, 0, kGemmTflops, note);
+      const auto fn = [&] { ops.grouped_gemm_bwd_data(dx, dy, w, offsets); };
+      const double ms = time_ms(fn, ops.cuda_stream());
+      report("grouped bwd_data   " + tag, valid, ms, flops, 0, kGemmTflops,
+             note + back_to_back(fn, ops.cuda_stream(), flops));
     }
     // bwd_weight: dw[e,j,kk] += Σ_{r of e} dy[r,j]·x[r,kk]; from zero for the check.
     MOP_CUDA_CHECK(cudaMemsetAsync(dw.t.data, 0, dw.t.bytes(), ops.cuda_stream()));
@@ -235,18 +281,21 @@ void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows) {
         }
         valid = valid && within(got.get((e * n + j) * k + kk), ref, abs_sum, rows, DType::F32);
       }
-      const double ms =
-          time_ms([&] { ops.grouped_gemm_bwd_weight(dw, dy, x, offsets); }, ops.cuda_stream());
+      const auto fn = [&] { ops.grouped_gemm_bwd_weight(dw, dy, x, offsets); };
+      const double ms = time_ms(fn, ops.cuda_stream());
       report("grouped bwd_weight " + tag, valid, ms, flops, 0, kGemmTflops,
-             note + (std::string(path) == "grouped" ? " (fp32 C: runs the loop)" : ""));
+             note + (path == "grouped" ? " (fp32 C: runs the loop)" : "") +
+                 back_to_back(fn, ops.cuda_stream(), flops));
     }
   }
   unsetenv("MOP_GROUPED_GEMM");
   // The same FLOPs as one dense GEMM (expert 0's weights for every row): what a grouped kernel
   // could reach.
   const Tensor w0 = w.t.at(0);
-  const double ms = time_ms([&] { ops.gemm(y, x, false, w0, true, 1, 0); }, ops.cuda_stream());
-  report("dense same FLOPs   " + tag, true, ms, flops, 0, kGemmTflops, "one gemm [R,K].[N,K]^T");
+  const auto fn = [&] { ops.gemm(y, x, false, w0, true, 1, 0); };
+  const double ms = time_ms(fn, ops.cuda_stream());
+  report("dense same FLOPs   " + tag, true, ms, flops, 0, kGemmTflops,
+         "one gemm [R,K].[N,K]^T" + back_to_back(fn, ops.cuda_stream(), flops));
 }
 
 MOP_BENCH("grouped gemm q3moe-8l experts") {

@@ -1,8 +1,9 @@
 // [gpu][gemm] CudaOps GEMMs against the CPU reference: dense gemm (all transposes, bf16/fp32 c,
 // beta 0/1, sizes 1, primes, odd leading dimensions, tiny-model shapes) and the grouped expert
 // GEMMs on every path (empty expert, one expert with all rows, E = 1, bwd_weight onto a nonzero dw,
-// sizes the grouped path hands to the loop, more calls in flight than pointer slots). Inputs are
-// small integers (CUTLASS's trick): bf16-exact, every partial sum an integer < 2^24, exact in fp32.
+// sizes the grouped and cutlass paths hand on, q3moe-8l expert shapes, bwd_weight accumulating over
+// two calls, more calls in flight than pointer slots). Inputs are small integers (CUTLASS's trick):
+// bf16-exact, every partial sum an integer < 2^24, exact in fp32.
 #ifdef MOP_HAVE_CUDA
 
 #include <stdlib.h>
@@ -27,6 +28,13 @@ constexpr double kBf16Ulp = 1.0 / 128;
 // cores need not round to nearest inside the MMA. Times K and Σ|a·b| it bounds a K-term dot
 // product.
 constexpr double kF32AddUlp = 1.0 / (1 << 23);
+
+// Where the CUTLASS kernels are not built, MOP_GROUPED_GEMM=cutlass runs cuBLAS: say so.
+void note_cutlass_build() {
+#ifndef MOP_HAVE_CUTLASS_SM90
+  WARN("CUTLASS sm90 kernels not built: the cutlass path runs cuBLAS");
+#endif
+}
 
 #define MOP_REQUIRE_GPU()              \
   do {                                 \
@@ -208,6 +216,7 @@ GroupedResult run_grouped_case(CudaOps& ops, const GroupedCase& c, const HostTen
 
 TEST_CASE("cuda grouped gemms equal the CPU reference on every path", "[gpu][gemm]") {
   MOP_REQUIRE_GPU();
+  note_cutlass_build();
   CudaOps ops;
   const std::vector<GroupedCase> cases = {
       {"aligned sizes, expert 1 empty, 3 rows past R", 24, 16, {0, 3, 3, 10, 16}, 19},
@@ -220,7 +229,11 @@ TEST_CASE("cuda grouped gemms equal the CPU reference on every path", "[gpu][gem
        128,
        {0, 40, 70, 70, 130, 200, 260, 300, 512},
        512},
-      {"tiny model down projection: F 256 → H 128", 128, 256, {0, 64, 64, 128, 192, 256}, 256}};
+      {"tiny model down projection: F 256 → H 128", 128, 256, {0, 64, 64, 128, 192, 256}, 256},
+      // q3moe-8l expert shapes (H 2048, F 768): rows per expert not multiples of any tile, an
+      // empty expert, a single row, rows past R.
+      {"q3moe gate_up: H 2048 → 2F 1536", 1536, 2048, {0, 256, 256, 356, 393}, 400},
+      {"q3moe down: F 768 → H 2048", 2048, 768, {0, 1, 130, 130, 386}, 386}};
   uint64_t seed = 500;
   for (const GroupedCase& c : cases) {
     const int64_t num_experts = int64_t(c.offsets.size()) - 1;
@@ -237,7 +250,7 @@ TEST_CASE("cuda grouped gemms equal the CPU reference on every path", "[gpu][gem
     y_ref = rounded_to_bf16(y_ref);
     dx_ref = rounded_to_bf16(dx_ref);
     GroupedResult loop;
-    for (const char* path : {"loop", "streams", "grouped", "auto"}) {
+    for (const char* path : {"loop", "streams", "grouped", "cutlass", "cublas", "auto"}) {
       INFO(c.name << ", MOP_GROUPED_GEMM=" << path);
       GroupedPathEnv env(path);
       GroupedResult r = run_grouped_case(ops, c, x, w, dy, dw0, offsets);
@@ -257,30 +270,84 @@ TEST_CASE("cuda grouped gemms equal the CPU reference on every path", "[gpu][gem
 
 TEST_CASE("cuda grouped gemm: more calls in flight than pinned pointer slots", "[gpu][gemm]") {
   MOP_REQUIRE_GPU();
-  CudaOps ops;
-  GroupedPathEnv env("grouped");
   // 40 back-to-back calls (more than the 32 slots), each with its own offsets and output, and no
   // synchronisation in between: a slot overwritten too early would send a call's results to
-  // another call's output.
+  // another call's output. bwd_weight accumulates all 40 into one dw.
   const int64_t num_calls = 40, num_experts = 4, n = 16, k = 16, rows = 24;
   HostTensor x = int_tensor({rows, k}, 900, -2, 2), w = int_tensor({num_experts, n, k}, 901, -2, 2);
-  DeviceTensor dx = upload(x, DType::BF16), dw = upload(w, DType::BF16);
+  HostTensor dy = int_tensor({rows, n}, 902, -2, 2);
+  HostTensor dw0 = int_tensor({num_experts, n, k}, 903, -2, 2);
   std::vector<HostTensor> offsets, refs;
-  std::vector<DeviceTensor> ys;
+  HostTensor dw_ref = dw0;
   for (int64_t i = 0; i < num_calls; ++i) {
     const int32_t a = int32_t(i % 7), b = int32_t(7 + i % 11), c = int32_t(18 + i % 5);
     offsets.push_back(offsets_tensor({0, a, b, c, c + int32_t(i % 2)}));
     HostTensor ref = filled(DType::F32, {rows, n}, 7);
     cpu_ops().grouped_gemm_fwd(ref, x, w, offsets.back());
     refs.push_back(rounded_to_bf16(ref));
-    ys.push_back(upload(filled(DType::F32, {rows, n}, 7), DType::BF16));
+    cpu_ops().grouped_gemm_bwd_weight(dw_ref, dy, x, offsets.back());
   }
-  for (int64_t i = 0; i < num_calls; ++i)
-    ops.grouped_gemm_fwd(ys[size_t(i)], dx, dw, offsets[size_t(i)]);
-  for (int64_t i = 0; i < num_calls; ++i) {
-    INFO("call " << i);
-    CHECK(count_mismatches(download(ys[size_t(i)]), refs[size_t(i)], 0, kBf16Ulp) == 0);
+  for (const char* path : {"grouped", "cutlass"}) {
+    INFO("MOP_GROUPED_GEMM=" << path);
+    GroupedPathEnv env(path);
+    CudaOps ops;
+    DeviceTensor d_x = upload(x, DType::BF16), d_w = upload(w, DType::BF16);
+    DeviceTensor d_dy = upload(dy, DType::BF16), d_dw = upload(dw0, DType::F32);
+    std::vector<DeviceTensor> ys;
+    for (int64_t i = 0; i < num_calls; ++i)
+      ys.push_back(upload(filled(DType::F32, {rows, n}, 7), DType::BF16));
+    for (int64_t i = 0; i < num_calls; ++i) {
+      ops.grouped_gemm_fwd(ys[size_t(i)], d_x, d_w, offsets[size_t(i)]);
+      ops.grouped_gemm_bwd_weight(d_dw, d_dy, d_x, offsets[size_t(i)]);
+    }
+    for (int64_t i = 0; i < num_calls; ++i) {
+      INFO("call " << i);
+      CHECK(count_mismatches(download(ys[size_t(i)]), refs[size_t(i)], 0, kBf16Ulp) == 0);
+    }
+    CHECK(count_mismatches(download(d_dw), dw_ref, 0, kExact) == 0);
   }
+}
+
+TEST_CASE("cuda grouped gemm cutlass path: bwd_weight accumulates, results repeat bitwise",
+          "[gpu][gemm]") {
+  MOP_REQUIRE_GPU();
+  note_cutlass_build();
+  GroupedPathEnv env("cutlass");
+  CudaOps ops;
+  // q3moe-8l down projection (F 768 → H 2048) over 3 experts, the middle one empty.
+  const int64_t n = 2048, k = 768, rows = 300;
+  HostTensor offsets = offsets_tensor({0, 170, 170, rows});
+  HostTensor x = int_tensor({rows, k}, 950, -2, 2), w = int_tensor({3, n, k}, 951, -2, 2);
+  HostTensor dy = int_tensor({rows, n}, 952, -2, 2), dw0 = int_tensor({3, n, k}, 953, -2, 2);
+  HostTensor dw_ref = dw0;
+  cpu_ops().grouped_gemm_bwd_weight(dw_ref, dy, x, offsets);
+  cpu_ops().grouped_gemm_bwd_weight(dw_ref, dy, x, offsets);
+  DeviceTensor d_x = upload(x, DType::BF16), d_w = upload(w, DType::BF16);
+  DeviceTensor d_dy = upload(dy, DType::BF16), d_dw = upload(dw0, DType::F32);
+  ops.grouped_gemm_bwd_weight(d_dw, d_dy, d_x, offsets);
+  ops.grouped_gemm_bwd_weight(d_dw, d_dy, d_x, offsets);
+  CHECK(count_mismatches(download(d_dw), dw_ref, 0, kExact) == 0);
+  // Random bf16 inputs (rounding inside the MMA matters): two runs agree bit for bit.
+  HostTensor rx(DType::F32, {rows, k}), rw(DType::F32, {3, n, k}), rdy(DType::F32, {rows, n});
+  fill_uniform(rx, 7);
+  fill_uniform(rw, 8);
+  fill_uniform(rdy, 9);
+  DeviceTensor r_x = upload(rx, DType::BF16), r_w = upload(rw, DType::BF16);
+  DeviceTensor r_dy = upload(rdy, DType::BF16);
+  std::vector<HostTensor> runs[3];
+  for (int rep = 0; rep < 2; ++rep) {
+    DeviceTensor y(DType::BF16, {rows, n}), dx(DType::BF16, {rows, k});
+    DeviceTensor dw = upload(filled(DType::F32, {3, n, k}, 0), DType::F32);
+    poison(y);
+    poison(dx);
+    ops.grouped_gemm_fwd(y, r_x, r_w, offsets);
+    ops.grouped_gemm_bwd_data(dx, r_dy, r_w, offsets);
+    ops.grouped_gemm_bwd_weight(dw, r_dy, r_x, offsets);
+    runs[0].push_back(download(y));
+    runs[1].push_back(download(dx));
+    runs[2].push_back(download(dw));
+  }
+  for (auto& r : runs) CHECK(bitwise_equal(r[0], r[1]));
 }
 
 TEST_CASE("cuda grouped gemm rejects malformed offsets and an unknown MOP_GROUPED_GEMM",

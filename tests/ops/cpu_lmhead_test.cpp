@@ -164,3 +164,29 @@ TEST_CASE("lmhead_ce rejects bad targets, shapes and dtypes", "[cpu][ops]") {
   CHECK_THROWS_AS(ops.lmhead_ce_fwd(loss, lse, x, w, targets, ws_empty), Error);
   CHECK_THROWS_AS(ops.lmhead_ce_fwd(loss, lse64, x, w, targets, ws), Error);
 }
+
+TEST_CASE("lmhead_ce_fwd_bwd equals forward then backward, bit for bit", "[cpu][ops]") {
+  Ops& ops = cpu_ops();
+  const LmCase c{29, 24, 37};
+  for (DType dt : {DType::F32, DType::F64}) {
+    for (int64_t chunk : {1, 4, 29, 40}) {
+      INFO(dtype_name(dt) << ", chunk " << chunk);
+      HostTensor x = random_tensor(dt, {c.tokens, c.hidden}, 14);
+      HostTensor w = random_tensor(dt, {c.vocab, c.hidden}, 15);
+      HostTensor targets = make_targets(c.tokens, c.vocab, 16);
+      HostTensor ws(dt, {chunk, c.vocab});
+      HostTensor loss(dt, {c.tokens}), lse(dt, {c.tokens}), dx(dt, {c.tokens, c.hidden});
+      HostTensor dw = random_tensor(dt, {c.vocab, c.hidden}, 17);  // dw +=: a running sum
+      HostTensor loss2 = loss, lse2 = lse, dx2 = dx, dw2 = dw;
+      ops.lmhead_ce_fwd(loss, lse, x, w, targets, ws);
+      ops.lmhead_ce_bwd(dx, dw, x, w, targets, lse, 0.37f, ws);
+      ops.fill(dx2, std::nan(""));  // overwritten
+      ops.lmhead_ce_fwd_bwd(loss2, lse2, dx2, dw2, x, w, targets, 0.37f, ws);
+      CHECK(max_abs(dx) > 0);
+      CHECK(bitwise_equal(loss, loss2));
+      CHECK(bitwise_equal(lse, lse2));
+      CHECK(bitwise_equal(dx, dx2));
+      CHECK(bitwise_equal(dw, dw2));
+    }
+  }
+}
