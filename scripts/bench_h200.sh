@@ -1,19 +1,59 @@
 #!/usr/bin/env bash
 # The GPU measurements of README: [gpu] parity tests, kernel benchmarks (each validates first),
-# and q3moe-8l training throughput at sequence 4096 and 16384 (32,768 tokens per step).
+# and q3moe-8l training throughput at sequence 4096 and 16384 (32,768 tokens per step) — on
+# uniformly random tokens over the whole vocabulary first (balanced routing, what the FSDP2
+# baseline trains on), then on the byte-level KJV corpus beside it — and the FSDP2 baseline on the
+# same machine right after, where torch and transformers are installed.
 # Usage: scripts/bench_h200.sh BIN_DIR OUT_DIR   (BIN_DIR holds mop, mop_tests, mop_bench)
+#   PARTS  which parts to run (default "tests kernels random kjv fsdp2")
+#   STEPS  training steps per run (default 12; the log's last steps are the steady state)
 set -uo pipefail
 bin=${1:-build}
 out=${2:-bench-out}
+parts=${PARTS:-tests kernels random kjv fsdp2}
+steps=${STEPS:-12}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" 2>&1
 export MOP_BINARY="$bin/mop"
-"$bin/mop_tests" "[gpu]" > "$out/gpu_tests.log" 2>&1; echo "gpu tests: exit $?" | tee -a "$out/summary.txt"
-"$bin/mop_bench" > "$out/bench.log" 2>&1; echo "mop_bench: exit $?" | tee -a "$out/summary.txt"
-for seq in 4096 16384; do
-  gbs=$((32768 / seq))
-  "$bin/mop" train --config configs/q3moe-8l.yaml --set data.seq_len=$seq \
-    --set train.global_batch_size=$gbs --set train.steps=${STEPS:-12} \
-    > "$out/q3moe_s$seq.log" 2>&1
-  echo "q3moe-8l seq $seq: exit $?" | tee -a "$out/summary.txt"
-done
+has() { [[ " $parts " == *" $1 "* ]]; }
+
+if has tests; then
+  "$bin/mop_tests" "[gpu]" > "$out/gpu_tests.log" 2>&1; echo "gpu tests: exit $?" | tee -a "$out/summary.txt"
+fi
+if has kernels; then
+  "$bin/mop_bench" > "$out/bench.log" 2>&1; echo "mop_bench: exit $?" | tee -a "$out/summary.txt"
+fi
+
+# train DATA SEQ [mop train options]: one q3moe-8l run, its log in OUT/q3moe_DATA_sSEQ.log.
+train() {
+  local data=$1 seq=$2
+  shift 2
+  local log="$out/q3moe_${data}_s$seq.log"
+  "$bin/mop" train --config configs/q3moe-8l.yaml --set data.seq_len="$seq" \
+    --set train.global_batch_size=$((32768 / seq)) --set train.steps="$steps" \
+    --set checkpoint.dir="$out/ckpt_${data}_s$seq" --set checkpoint.overwrite=true "$@" > "$log" 2>&1
+  echo "q3moe-8l $data seq $seq: exit $? | $(grep -E 'step +[0-9]+/' "$log" | tail -n 1 | sed 's/.*| loss/loss/')" \
+    | tee -a "$out/summary.txt"
+}
+
+if has random; then
+  # 64M ids over Qwen's 151,936-token vocabulary (int32), enough for every run here.
+  "$bin/mop" prepare-data --random-tokens 67108864 --vocab-size 151936 --output "$out/data/random" \
+    > /dev/null || exit 1
+  for seq in 4096 16384; do
+    train random $seq --set "data.paths=[$out/data/random]" --set data.eos_id=-1
+  done
+fi
+if has kjv; then
+  [ -f data/kjv.bin ] || echo "kjv: data/kjv.bin missing (scripts/setup.sh prepares it)" | tee -a "$out/summary.txt"
+  for seq in 4096 16384; do train kjv $seq; done
+fi
+if has fsdp2; then
+  if python3 -c "import torch, transformers" 2> /dev/null; then
+    python3 scripts/fsdp2_baseline.py --seq 4096 --steps 6 > "$out/fsdp2_s4096.log" 2>&1
+    python3 scripts/fsdp2_baseline.py --seq 16384 --steps 5 --checkpointing > "$out/fsdp2_s16384.log" 2>&1
+    for f in "$out"/fsdp2_s4096.log "$out"/fsdp2_s16384.log; do tail -n 1 "$f"; done | tee -a "$out/summary.txt"
+  else
+    echo "fsdp2: torch or transformers not installed; baseline skipped" | tee -a "$out/summary.txt"
+  fi
+fi

@@ -106,7 +106,7 @@ std::vector<FieldSpec> config_schema(Config& c) {
   s.f("optim.weight_decay", o.weight_decay, 0, 10, "Decoupled weight decay (AdamW); never applied to norms and biases.");
   s.f("optim.grad_clip", o.grad_clip, 0, 1e6, "Clip the global gradient norm to this value; 0: no clipping.");
   s.s("optim.state_placement", o.state_placement, {"auto", "gpu", "host"}, "Where fp32 master weights and Adam m, v live on GPU runs: gpu, host (pinned memory, updated by the CPU), or auto (on the GPU what fits after the planned activations, earliest-needed groups first; the rest on the host). On CPU runs the state is in host memory either way; host runs it through the host engine and its pipeline.");
-  s.b("optim.overlap", o.overlap, "Run host updates in the background: each layer's next forward waits only for its own weights, and the update may write the weights first and the optimizer state while the next step computes (two passes, when they measure cheaper than one). false: the step waits for every update, in one pass (same results).");
+  s.b("optim.overlap", o.overlap, "Run optimizer updates in the background: each layer's next forward waits only for its own weights. Host updates may write the weights first and the optimizer state while the next step computes (two passes, when they measure cheaper than one); with every parameter's state on the device (no host state, no ZeRO-1) the device AdamW runs layer by layer on a stream of its own. false: the step waits for every update (same results).");
   s.i("optim.host_threads", o.host_threads, 0, 4096, "Threads of the host optimizer; 0: one per core this rank may use.");
 
   auto& d = c.data;

@@ -81,7 +81,7 @@ void Optimizer::set_distributed(std::vector<bool> sharded, Comm* shard_comm, Com
   world_ = world;
 }
 
-StepReport Optimizer::step(float lr) {
+StepReport Optimizer::step(float lr, bool defer_native) {
   StepReport r;
   const int n = params_.num_params();
   DType acc = acc_dtype(params_.grad_dtype());
@@ -110,26 +110,32 @@ StepReport Optimizer::step(float lr) {
   if (cfg_.grad_clip > 0 && r.grad_norm > cfg_.grad_clip)
     scale = float(cfg_.grad_clip / (r.grad_norm + 1e-6));
   ++updates_;
-  AdamWArgs args;
-  args.lr = lr;
-  args.beta1 = float(cfg_.beta1);
-  args.beta2 = float(cfg_.beta2);
-  args.eps = float(cfg_.eps);
-  args.grad_scale = scale;
-  args.bias_correction1 = float(1.0 - std::pow(cfg_.beta1, double(updates_)));
-  args.bias_correction2 = float(1.0 - std::pow(cfg_.beta2, double(updates_)));
-  auto with_decay = [&](int p) {
-    AdamWArgs a = args;
-    a.weight_decay = params_.layout().params[p].decay ? float(cfg_.weight_decay) : 0.0f;
-    return a;
-  };
-  for (int p = 0; p < n; ++p)
-    if (!on_host(p) && owns(p))
-      ops_.adamw_step_cast(master(p), exp_avg(p), exp_avg_sq(p), params_.grad(p), with_decay(p),
-                           params_.weight(p));
+  args_ = AdamWArgs();
+  args_.lr = lr;
+  args_.beta1 = float(cfg_.beta1);
+  args_.beta2 = float(cfg_.beta2);
+  args_.eps = float(cfg_.eps);
+  args_.grad_scale = scale;
+  args_.bias_correction1 = float(1.0 - std::pow(cfg_.beta1, double(updates_)));
+  args_.bias_correction2 = float(1.0 - std::pow(cfg_.beta2, double(updates_)));
+  if (!defer_native)
+    for (int p = 0; p < n; ++p)
+      if (updates_natively(p)) update_native(p, ops_);
   for (const HostParam& hp : host_params_) r.host_args.push_back(with_decay(hp.param));
   r.applied = true;
   return r;
+}
+
+AdamWArgs Optimizer::with_decay(int p) const {
+  AdamWArgs a = args_;
+  a.weight_decay = params_.layout().params[p].decay ? float(cfg_.weight_decay) : 0.0f;
+  return a;
+}
+
+void Optimizer::update_native(int p, Ops& ops) const {
+  MOP_CHECK(updates_natively(p), "update_native: parameter ", p, " is not updated natively here");
+  ops.adamw_step_cast(master(p), exp_avg(p), exp_avg_sq(p), params_.grad(p), with_decay(p),
+                      params_.weight(p));
 }
 
 }  // namespace mop

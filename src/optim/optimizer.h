@@ -52,7 +52,13 @@ class Optimizer {
   // Checks the gradients, clips, updates the native state. Nothing changes when a gradient is
   // non-finite. The caller has already reduced gradients over ranks, and hands host_args to the
   // host pipeline, which updates host_params().
-  StepReport step(float lr);
+  // defer_native: the native state's updates are left to the caller, who issues them with
+  // update_native() (on an Ops of its own: another stream) once step() reports them applied.
+  StepReport step(float lr, bool defer_native = false);
+  // Parameter p's AdamW with the last step()'s arguments, on `ops` (the native state's device):
+  // what step() runs for every native parameter this rank owns.
+  void update_native(int p, Ops& ops) const;
+  bool updates_natively(int p) const { return !on_host(p) && owns(p); }
   // The host-placed parameters this rank updates, in forward order (segment by segment).
   const std::vector<HostParam>& host_params() const { return host_params_; }
 
@@ -75,6 +81,7 @@ class Optimizer {
 
  private:
   Tensor state(int which, int p) const;
+  AdamWArgs with_decay(int p) const;
   OptimConfig cfg_;
   ParamStore& params_;
   Ops& ops_;
@@ -85,6 +92,7 @@ class Optimizer {
   Buffer norms_;                 // acc scalars: one Σg² per parameter
   std::vector<HostParam> host_params_;
   int64_t updates_ = 0;
+  AdamWArgs args_;  // the last applied step's (weight decay per parameter on top)
   std::vector<bool> sharded_;
   Comm* shard_comm_ = nullptr;
   Comm* world_ = nullptr;

@@ -132,7 +132,8 @@ RateTable tab(std::initializer_list<std::pair<double, double>> pts, double unit)
 
 // One node of 8 H200s (141 GB HBM3e each, NVLink 4, one NDR 400 Gb/s NIC per GPU) with 2 TiB of
 // host memory and 112 cores. The device and PCIe figures are what `mop calibrate` measured on one
-// H200 of the H200 machine (README "The plan"). Not measured here: the 8-GPU NVLink collectives
+// H200 of the H200 machine (README "The plan"; the grouped expert GEMMs re-measured on
+// 2026-12-01 with the CUTLASS sm90 kernels). Not measured here: the 8-GPU NVLink collectives
 // (nccl-tests' published H100/H200 bus bandwidths), the network (90% of a 400 Gb/s link per GPU),
 // and a full node's host: its per-rank AdamW rates are those we measured on a 16-core slice
 // (5.3 / 8.2 / 5.8 G params/s) scaled by 0.4, an eighth of a two-socket node's ~450 GB/s against
@@ -151,9 +152,9 @@ Machine h200() {
   d.gemm_fwd = tab({{2.68435e+08, 23}, {2.14748e+09, 184}, {1.71799e+10, 651}, {1.37439e+11, 767}, {1.09951e+12, 773}}, 1e12);
   d.gemm_dgrad = tab({{2.68435e+08, 24}, {2.14748e+09, 195}, {1.71799e+10, 655}, {1.37439e+11, 772}, {1.09951e+12, 691}}, 1e12);
   d.gemm_wgrad = tab({{2.68435e+08, 25}, {2.14748e+09, 194}, {1.71799e+10, 590}, {1.37439e+11, 707}, {1.09951e+12, 661}}, 1e12);
-  d.grouped_fwd = tab({{64, 171}, {128, 229}, {256, 268}, {512, 255}, {1024, 482}, {2048, 651}}, 1e12);
-  d.grouped_dgrad = tab({{64, 175}, {128, 226}, {256, 254}, {512, 244}, {1024, 485}, {2048, 626}}, 1e12);
-  d.grouped_wgrad = tab({{64, 30}, {128, 72}, {256, 129}, {512, 246}, {1024, 458}, {2048, 573}}, 1e12);
+  d.grouped_fwd = tab({{64, 161}, {128, 317}, {256, 454}, {512, 542}, {1024, 626}, {2048, 658}}, 1e12);
+  d.grouped_dgrad = tab({{64, 164}, {128, 324}, {256, 434}, {512, 545}, {1024, 642}, {2048, 634}}, 1e12);
+  d.grouped_wgrad = tab({{64, 56}, {128, 107}, {256, 199}, {512, 328}, {1024, 455}, {2048, 505}}, 1e12);
   d.grouped_shape = "E=128 H=2048 F=768, gate/up and down";
   d.attention_fwd = tab({{1024, 268}, {4096, 541}, {16384, 665}, {65536, 609}, {131072, 572}}, 1e12);
   d.attention_bwd = tab({{1024, 189}, {4096, 438}, {16384, 547}, {65536, 543}, {131072, 531}}, 1e12);

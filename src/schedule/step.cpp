@@ -3,13 +3,15 @@
 
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include "parallel/watchdog.h"
 
 namespace mop {
 
 StepSchedule::StepSchedule(const Plan& plan, Transformer& model, ParamStore& params,
-                           Optimizer& optim, ParallelGroups& groups, TimedOps& timed)
+                           Optimizer& optim, ParallelGroups& groups, TimedOps& timed,
+                           std::unique_ptr<Ops> update_ops)
     : plan_(plan), model_(model), params_(params), optim_(optim), groups_(groups), timed_(timed) {
   // The pipeline's own device work (the gradients' bf16 conversion) is not part of the time split.
   pipeline_ = make_host_pipeline(timed.inner(), optim.host_params(), int(plan.cfg.optim.host_threads));
@@ -24,13 +26,27 @@ StepSchedule::StepSchedule(const Plan& plan, Transformer& model, ParamStore& par
       segment_params_[size_t(param_segment(layout, p))].push_back(p);
     for (const HostParam& hp : optim.host_params()) segment_host_updated_[size_t(hp.segment)] = true;
   }
+  if (update_ops) {
+    MOP_CHECK(optim.host_params().empty() && plan.owner.empty(),
+              "an overlapped device update with host-held state or ZeRO-1 owners");
+    update_ops_ = std::move(update_ops);
+    update_params_.assign(size_t(segments), {});
+    for (int p = 0; p < params.num_params(); ++p)
+      update_params_[size_t(param_segment(layout, p))].push_back(p);
+    grads_done_ = Event(timed.device());
+    for (int s = 0; s < segments; ++s) update_done_.emplace_back(timed.device());
+    update_pending_.assign(size_t(segments), false);
+  }
   model.set_hooks({[this](int segment) {
                      if (pipeline_) pipeline_->weights_ready(segment);
+                     wait_update(segment);
                    },
                    [this](int segment) {
                      if (last_micro_batch_) segment_done(segment);
                    },
                    [this](bool backward) {
+                     // The backward writes gradients: every segment's update has zeroed its own.
+                     if (backward) wait_updates();
                      timed_.set_phase(backward ? StepPhase::Backward : StepPhase::Forward);
                    }});
 }
@@ -38,6 +54,34 @@ StepSchedule::StepSchedule(const Plan& plan, Transformer& model, ParamStore& par
 StepSchedule::~StepSchedule() {
   model_.set_hooks({});
   if (pipeline_) pipeline_->drain();
+  wait_updates();
+  if (update_ops_) update_ops_->synchronize();
+}
+
+void StepSchedule::issue_updates() {
+  // After the gradients are final and their norm is read (the compute stream so far), segment by
+  // segment in the order the next forward needs them.
+  grads_done_.record(timed_.stream());
+  update_ops_->stream().wait(grads_done_);
+  for (size_t s = 0; s < update_params_.size(); ++s) {
+    for (int p : update_params_[s]) {
+      optim_.update_native(p, *update_ops_);
+      update_ops_->fill(params_.grad(p), 0);
+    }
+    update_done_[s].record(update_ops_->stream());
+    update_pending_[s] = true;
+  }
+  grads_zeroed_ = true;
+}
+
+void StepSchedule::wait_update(int segment) {
+  if (!update_ops_ || !update_pending_[size_t(segment)]) return;
+  timed_.stream().wait(update_done_[size_t(segment)]);
+  update_pending_[size_t(segment)] = false;
+}
+
+void StepSchedule::wait_updates() {
+  for (size_t s = 0; s < update_pending_.size(); ++s) wait_update(int(s));
 }
 
 void StepSchedule::reduce_segment(int segment) {
@@ -61,7 +105,8 @@ void StepSchedule::segment_done(int segment) {
 
 LossTerms StepSchedule::gradients(int micro_batches, const std::function<Batch(int)>& micro_batch,
                                   float ce_scale, float aux_scale) {
-  timed_.fill(params_.grads_flat(), 0);
+  // Zeroed by the overlapped update of the last step, or here.
+  if (!std::exchange(grads_zeroed_, false)) timed_.fill(params_.grads_flat(), 0);
   for (int m = 0; m < micro_batches; ++m) {
     last_micro_batch_ = m + 1 == micro_batches;
     model_.forward_backward(micro_batch(m), ce_scale, aux_scale);
@@ -87,7 +132,8 @@ LossTerms StepSchedule::gradients(int micro_batches, const std::function<Batch(i
 }
 
 StepReport StepSchedule::apply(float lr) {
-  StepReport r = optim_.step(lr);
+  StepReport r = optim_.step(lr, update_ops_ != nullptr);
+  if (update_ops_ && r.applied) issue_updates();
   if (pipeline_) pipeline_->finish_step(r, plan_.cfg.optim.overlap);
   if (r.applied) broadcast_weights();
   return r;
@@ -107,6 +153,7 @@ void StepSchedule::broadcast_weights() {
 
 void StepSchedule::drain() {
   if (pipeline_) pipeline_->drain();
+  wait_updates();  // what reads the weights or the state next runs on the compute stream
 }
 
 OffloadStats StepSchedule::take_host_stats() {

@@ -12,7 +12,11 @@
 //     3. the sums not issued yet; the compute stream waits for them;
 //     4. the losses are read (watched: a hung peer shows up here) and summed over the ranks.
 //   apply():
-//     5. the optimizer: global norm, clipping, non-finite check, the device-held state's AdamW;
+//     5. the optimizer: global norm, clipping, non-finite check, the device-held state's AdamW —
+//        with optim.overlap and every parameter's state with the backend (no host state, no
+//        ZeRO-1), on a stream of its own, segment by segment, each followed by zeroing that
+//        segment's gradients: the next forward of a segment waits only for its own update (an
+//        event), the next backward for all of them; the same kernels, so the same bits;
 //     6. the host-held state's AdamW through the host pipeline (overlapped with the next step's
 //        forward with optim.overlap), or, when the step is skipped, its gradient copies dropped;
 //     7. ZeRO-1: each parameter's owner broadcasts its new weights.
@@ -35,8 +39,11 @@ namespace mop {
 class StepSchedule {
  public:
   // Sets the model's segment hooks; builds the host pipeline for the optimizer's host params.
+  // update_ops (optional): the Ops of the stream that runs the device-held state's AdamW
+  // overlapped with the next step (step 5); only when no parameter's state is on the host and
+  // the plan has no ZeRO-1 owners.
   StepSchedule(const Plan& plan, Transformer& model, ParamStore& params, Optimizer& optim,
-               ParallelGroups& groups, TimedOps& timed);
+               ParallelGroups& groups, TimedOps& timed, std::unique_ptr<Ops> update_ops = nullptr);
   ~StepSchedule();
   StepSchedule(const StepSchedule&) = delete;
   StepSchedule& operator=(const StepSchedule&) = delete;
@@ -59,6 +66,9 @@ class StepSchedule {
  private:
   void segment_done(int segment);  // the last micro-batch's backward finished it
   void reduce_segment(int segment);
+  void issue_updates();              // step 5 on the update stream
+  void wait_update(int segment);     // the compute stream waits for a segment's update
+  void wait_updates();
 
   const Plan& plan_;
   Transformer& model_;
@@ -72,6 +82,14 @@ class StepSchedule {
   std::vector<bool> segment_reduced_;                  // this step's sums issued
   std::vector<bool> segment_host_updated_;             // a host update reads its gradients
   bool last_micro_batch_ = false;  // gradients become final in this backward
+  // Overlapped device AdamW (update_ops_ set): per segment the parameters, an event after their
+  // update and gradient zeroing, and whether the compute stream still has to wait for it.
+  std::vector<std::vector<int>> update_params_;
+  Event grads_done_;
+  std::vector<Event> update_done_;
+  std::vector<bool> update_pending_;
+  bool grads_zeroed_ = false;  // the update stream zeroed every gradient after the last step
+  std::unique_ptr<Ops> update_ops_;
 };
 
 }  // namespace mop

@@ -186,8 +186,13 @@ void Trainer::build() {
                             groups_->world_host);
   }
 
-  // 7. The step's schedule: segment hooks, gradient sums, host pipeline.
-  schedule_ = std::make_unique<StepSchedule>(plan_, *model_, *params_, *optim_, *groups_, *timed_);
+  // 7. The step's schedule: segment hooks, gradient sums, host pipeline; with every parameter's
+  // state with the backend, its AdamW overlapped with the next forward on a stream of its own.
+  std::unique_ptr<Ops> update_ops;
+  if (cfg_.optim.overlap && optim_->host_params().empty() && plan_.owner.empty())
+    update_ops = make_ops(plan_.run.device, world_.local_rank);
+  schedule_ = std::make_unique<StepSchedule>(plan_, *model_, *params_, *optim_, *groups_, *timed_,
+                                             std::move(update_ops));
 
   // 8. Weights.
   resume_or_init();
@@ -547,6 +552,7 @@ void Trainer::run() {
   }
   if (step_ == cfg_.train.steps && cfg_.checkpoint.save_final && last_saved_step_ != step_)
     save_checkpoint();
+  schedule_->drain();  // the weights and the state are final for whoever reads them next
   if (on_started_) std::exchange(on_started_, nullptr)();  // a run that saved no checkpoint
 }
 

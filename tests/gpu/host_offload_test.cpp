@@ -1,5 +1,6 @@
 // Optimizer state in pinned host memory on a GPU run: overlapped with the next forward or not,
-// the losses, weights and moments are the same bit for bit; a mixed placement (auto with a small
+// the losses, weights and moments are the same bit for bit (and so with the state on the GPU,
+// its AdamW on a stream of its own); a mixed placement (auto with a small
 // GPU share is not forced here) runs through the same pipeline.
 #ifdef MOP_HAVE_CUDA
 
@@ -58,6 +59,40 @@ log: {interval: 2}
   CHECK(a.front().at("loss").as_double() > a.back().at("loss").as_double());
   for (const char* f : {"model.safetensors", "optimizer.safetensors"})
     CHECK(file_bytes(dir / ("plain/step_8/" + std::string(f))) == file_bytes(dir / ("overlap/step_8/" + std::string(f))));
+}
+
+TEST_CASE("gpu training: the device AdamW overlapped with the next forward equals plain bit for bit",
+          "[gpu][train]") {
+  test::TempDir dir;
+  test::prepare_corpus(dir, 200000);
+  test::write_text(dir / "cfg.yaml", R"(
+model: {vocab_size: 257, hidden_size: 64, num_layers: 3, num_heads: 4, num_kv_heads: 2, head_dim: 16}
+moe: {num_experts: 8, top_k: 2, expert_ffn: 64, first_dense_layers: 1, dense_ffn: 96}
+optim: {lr: 0.003, min_lr: 0.0003, warmup_steps: 2, grad_clip: 0.5, state_placement: gpu}
+data: {paths: [)" + dir / "corpus" + R"(], seq_len: 64, valid_fraction: 0.05}
+train: {steps: 8, global_batch_size: 8, micro_batch_size: 4, device: cuda, eval_interval: 3, eval_batches: 1}
+checkpoint: {interval: 4, keep_last: 0}
+log: {interval: 2}
+)");
+  const std::string cfg = "train --config " + dir / "cfg.yaml";
+  auto plain = test::run_mop(cfg + " --set optim.overlap=false --set checkpoint.dir=" + dir / "plain");
+  INFO(plain.output);
+  REQUIRE(plain.code == 0);
+  auto overlap = test::run_mop(cfg + " --set checkpoint.dir=" + dir / "overlap");
+  INFO(overlap.output);
+  REQUIRE(overlap.code == 0);
+  auto a = test::read_metrics(dir / "plain/metrics.jsonl"), b = test::read_metrics(dir / "overlap/metrics.jsonl");
+  REQUIRE(a.size() == 8);
+  REQUIRE(b.size() == 8);
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(a[i].at("loss").dump() == b[i].at("loss").dump());
+    CHECK(a[i].at("grad_norm").dump() == b[i].at("grad_norm").dump());
+  }
+  for (const char* step : {"step_4/", "step_8/"})
+    for (const char* f : {"model.safetensors", "optimizer.safetensors"})
+      CHECK(file_bytes(dir / ("plain/" + std::string(step) + f)) ==
+            file_bytes(dir / ("overlap/" + std::string(step) + f)));
 }
 
 TEST_CASE("gpu optimizer: host-placed state after a skipped step updates with the next step's gradients",

@@ -1,6 +1,7 @@
 // Optimizer state on the host (CPU runs): the host engine, plain or overlapped with the next
 // forward, gives the same losses at every step and the same final weights and moments, byte for
-// byte, as the backend's own AdamW — and resuming a host-placed run continues bit for bit.
+// byte, as the backend's own AdamW (itself overlapped on an Ops of its own, or not) — and resuming
+// a host-placed run continues bit for bit.
 #include <fstream>
 
 #include "catch.h"
@@ -34,6 +35,11 @@ log: {interval: 1}
   auto native = test::run_mop(cfg + " --set checkpoint.dir=" + dir / "native");
   INFO(native.output);
   REQUIRE(native.code == 0);
+  // The backend's AdamW overlapped with the next forward (the default above) and not.
+  auto native_plain = test::run_mop(cfg + " --set checkpoint.dir=" + dir / "native_plain" +
+                                    " --set optim.overlap=false");
+  INFO(native_plain.output);
+  REQUIRE(native_plain.code == 0);
   auto plain = test::run_mop(cfg + " --set checkpoint.dir=" + dir / "plain" +
                              " --set optim.state_placement=host --set optim.overlap=false");
   INFO(plain.output);
@@ -50,7 +56,7 @@ log: {interval: 1}
   REQUIRE(second.code == 0);
 
   auto a = test::read_metrics(dir / "native/metrics.jsonl");
-  for (const char* run : {"plain", "overlap"}) {
+  for (const char* run : {"native_plain", "plain", "overlap"}) {
     auto b = test::read_metrics(dir / (std::string(run) + "/metrics.jsonl"));
     INFO(run);
     REQUIRE(a.size() == 6);
