@@ -17,6 +17,13 @@ if ((${#missing[@]})) && command -v apt-get > /dev/null; then
   { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null; } \
     || echo "[test] could not install Slurm; its test will be skipped"
 fi
+# The TensorBoard test reads mop's event files with the tensorboard package (it skips without).
+if ! python3 -c "import tensorboard" 2> /dev/null; then
+  echo "[test] installing tensorboard for the TensorBoard test"
+  { python3 -m pip install --quiet tensorboard > /dev/null 2>&1 \
+      || python3 -m pip install --quiet --user --break-system-packages tensorboard > /dev/null; } \
+    || echo "[test] could not install tensorboard; its test will be skipped"
+fi
 build_dir=${MOP_BUILD_DIR:-build}
 cd "$build_dir"
 ctest --output-on-failure -j "$(nproc)" "$@"

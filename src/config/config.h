@@ -123,6 +123,7 @@ struct CheckpointConfig {
 struct LogConfig {
   int64_t interval = 10;
   std::string metrics_file;  // empty: <checkpoint.dir>/metrics.jsonl
+  std::string tensorboard_dir;  // empty: no TensorBoard event file
   std::string level = "info";
   bool all_ranks = false;
 };

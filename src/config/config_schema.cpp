@@ -151,6 +151,10 @@ std::vector<FieldSpec> config_schema(Config& c) {
   auto& g = c.log;
   s.i("log.interval", g.interval, 1, kMaxCount, "Log a line every N steps.");
   s.s("log.metrics_file", g.metrics_file, {}, "JSON-lines metrics file; empty: <checkpoint.dir>/metrics.jsonl.");
+  s.s("log.tensorboard_dir", g.tensorboard_dir, {},
+      "Folder for a TensorBoard event file (events.out.tfevents.*) with the metrics file's "
+      "scalars every step, written by rank 0; a relative path is taken from the working "
+      "directory; empty: none.");
   s.s("log.level", g.level, {"trace", "debug", "info", "warn", "error"}, "Log level.");
   s.b("log.all_ranks", g.all_ranks, "Log from every rank, not only rank 0.");
   return std::move(s.fields);

@@ -1,9 +1,11 @@
-// Log lines and the JSON-lines metrics file.
+// Log lines, the JSON-lines metrics file and the TensorBoard scalars.
 #include "train/metrics.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cctype>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -12,6 +14,7 @@
 #include "ckpt/json.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "runtime/runtime.h"
 
 namespace mop {
 
@@ -67,11 +70,31 @@ void truncate_after(const std::string& path, int64_t resume_step) {
   MOP_USER_CHECK(out.good(), path, ": cannot rewrite the metrics file");
 }
 
+// An op category as a TensorBoard tag: "LM head+loss" → "lm_head_loss", "dense GEMMs" →
+// "dense_gemms".
+std::string tag_name(const char* name) {
+  std::string out;
+  for (const char* c = name; *c; ++c) {
+    if (std::isalnum((unsigned char)*c))
+      out.push_back(char(std::tolower((unsigned char)*c)));
+    else if (!out.empty() && out.back() != '_')
+      out.push_back('_');
+  }
+  while (!out.empty() && out.back() == '_') out.pop_back();
+  return out;
+}
+
 }  // namespace
 
 MetricsLog::MetricsLog(const std::string& path, int64_t total_steps, int64_t interval, bool write,
-                       int64_t resume_step, double peak_flops)
-    : total_steps_(total_steps), interval_(interval), write_(write), peak_flops_(peak_flops) {
+                       int64_t resume_step, double peak_flops, const std::string& tensorboard_dir,
+                       Device device)
+    : device_(device),
+      total_steps_(total_steps),
+      interval_(interval),
+      write_(write),
+      peak_flops_(peak_flops) {
+  if (write_ && !tensorboard_dir.empty()) tensorboard_.open(tensorboard_dir, resume_step);
   if (!write_ || path.empty()) return;
   std::filesystem::path p(path);
   std::error_code ec;
@@ -83,8 +106,52 @@ MetricsLog::MetricsLog(const std::string& path, int64_t total_steps, int64_t int
   MOP_USER_CHECK(file_.good(), "log.metrics_file: cannot write ", path);
 }
 
+// The metrics line's values as scalars: train/ (losses, lr, throughput), time/ (by op category
+// and phase, ms), host_optimizer/, memory/, val/. TensorBoard floats could hold NaN, but the JSON
+// has none, so a non-finite value is left out here too.
+void MetricsLog::write_tensorboard(const StepMetrics& m) {
+  const double wall =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  auto scalar = [&](const std::string& tag, double v) {
+    if (std::isfinite(v)) tensorboard_.scalar(tag, m.step, v, wall);
+  };
+  scalar("train/loss", m.loss);
+  scalar("train/aux_loss", m.aux_loss);
+  scalar("train/z_loss", m.z_loss);
+  scalar("train/lr", m.lr);
+  scalar("train/grad_norm", m.grad_norm);
+  const double seconds = std::max(m.step_seconds, 1e-9);
+  scalar("train/tokens_per_second", double(m.tokens) / seconds);
+  scalar("train/model_tflops", m.model_flops / seconds / 1e12);
+  if (peak_flops_ > 0) scalar("train/mfu_percent", 100.0 * m.model_flops / seconds / peak_flops_);
+  scalar("train/skipped", m.skipped ? 1.0 : 0.0);
+  scalar("time/step_ms", 1e3 * m.step_seconds);
+  for (int c = 0; c < kNumOpCategories; ++c)
+    scalar("time/" + tag_name(op_category_name(OpCategory(c))) + "_ms", 1e3 * m.times.seconds[c]);
+  const char* phases[kNumStepPhases] = {"forward", "backward", "optimizer"};
+  for (int c = 0; c < kNumStepPhases; ++c)
+    scalar(std::string("time/phase_") + phases[c] + "_ms", 1e3 * m.times.phase_seconds[c]);
+  if (m.offload.update_seconds > 0) {
+    scalar("host_optimizer/update_ms", 1e3 * m.offload.update_seconds);
+    scalar("host_optimizer/state_ms", 1e3 * m.offload.state_seconds);
+    scalar("host_optimizer/wait_ms", 1e3 * m.offload.wait_seconds);
+    scalar("host_optimizer/to_host_mb", m.offload.bytes_to_host / 1e6);
+    scalar("host_optimizer/to_device_mb", m.offload.bytes_to_device / 1e6);
+  }
+  if (const size_t peak = peak_resident_bytes(); peak > 0)
+    scalar("memory/host_peak_resident_gb", double(peak) / 1e9);
+  if (device_ == Device::CUDA) {
+    // The whole GPU's memory in use (other processes' too), as nvidia-smi reports it.
+    const MemoryInfo info = memory_info(Device::CUDA);
+    scalar("memory/device_in_use_gb", double(info.total - info.free) / 1e9);
+  }
+  if (m.val_loss >= 0 || std::isnan(m.val_loss)) scalar("val/loss", m.val_loss);
+  tensorboard_.flush();
+}
+
 void MetricsLog::record(const StepMetrics& m) {
   if (!write_) return;
+  if (tensorboard_.is_open()) write_tensorboard(m);
   avg_step_seconds_ = avg_step_seconds_ == 0 ? m.step_seconds : 0.9 * avg_step_seconds_ + 0.1 * m.step_seconds;
   interval_seconds_ += m.step_seconds;
   interval_steps_ += 1;

@@ -1,6 +1,7 @@
 // Step metrics: the per-interval log line (spdlog, rank 0 unless log.all_ranks) and the same
 // values for every step as JSON lines in the metrics file (losses at full precision, so runs can
-// be compared bit for bit; non-finite values as null, listed under "nonfinite").
+// be compared bit for bit; non-finite values as null, listed under "nonfinite"), and, when
+// log.tensorboard_dir is set, as TensorBoard scalars (non-finite ones left out).
 #pragma once
 
 #include <cstdint>
@@ -8,8 +9,10 @@
 #include <string>
 
 #include "config/config.h"
+#include "core/tensor.h"
 #include "ops/timed_ops.h"
 #include "schedule/host_pipeline.h"
+#include "train/tensorboard.h"
 
 namespace mop {
 
@@ -31,12 +34,18 @@ class MetricsLog {
   // `path` empty: no file. Appends when resuming (resume_step > 0), dropping lines of steps after
   // resume_step left by a run that died after its last checkpoint.
   // peak_flops > 0: also report MFU against it (the GPU's bf16 dense peak).
+  // tensorboard_dir not empty: also a TensorBoard event file there; `device` is where the memory
+  // scalars look.
   MetricsLog(const std::string& path, int64_t total_steps, int64_t interval, bool write,
-             int64_t resume_step, double peak_flops);
+             int64_t resume_step, double peak_flops, const std::string& tensorboard_dir = {},
+             Device device = Device::CPU);
   void record(const StepMetrics& m);
 
  private:
+  void write_tensorboard(const StepMetrics& m);
   std::ofstream file_;
+  TensorBoardWriter tensorboard_;
+  Device device_;
   std::string path_;
   int64_t total_steps_, interval_;
   bool write_;

@@ -236,7 +236,8 @@ void Trainer::build() {
   // The step's model FLOPs are those of all ranks: MFU is against the peak of all their GPUs.
   const double peak = plan_.run.device == Device::CUDA ? plan_.machine.device.peak_flops * world_.size : 0.0;
   metrics_ = std::make_unique<MetricsLog>(metrics_path, cfg_.train.steps, cfg_.log.interval,
-                                          world_.is_root(), step_, peak);
+                                          world_.is_root(), step_, peak, cfg_.log.tensorboard_dir,
+                                          plan_.run.device);
   timed_->collect();  // setup work is not part of step 1
 }
 
