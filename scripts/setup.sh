@@ -14,7 +14,7 @@ say() { echo "[setup] $*"; }
 # 1. System packages.
 pkgs=(build-essential cmake ninja-build pkg-config python3 python3-pip python3-venv
       libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev catch2 libopenmpi-dev openmpi-bin
-      bible-kjv bible-kjv-text)
+      libpcre2-dev libicu-dev bible-kjv bible-kjv-text)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
