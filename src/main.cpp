@@ -32,6 +32,7 @@ Examples:
   mop train --config configs/q3moe-8l.yaml --machine machine.yaml --set train.plan=auto
   mop prepare-data --input corpus.txt --output data/corpus --split blank-line
   mop prepare-data --random-tokens 100000000 --vocab-size 151936 --output data/random
+  mop prepare-data --input docs.jsonl --json-key text --tokenizer tokenizer.json --output data/docs
   mop generate --checkpoint checkpoints/tiny --prompt "In the beginning"
   mop import-hf path/to/Qwen3-30B-A3B --out checkpoints/q3-30b
   mop export-hf checkpoints/run --out hf/run --dtype bf16
@@ -88,6 +89,11 @@ int main(int argc, char** argv) {
   auto* p_rand = p->add_option("--random-tokens", prep.random_tokens,
                                "Instead of text: this many token ids drawn uniformly from [0, --vocab-size) (benchmarks; train with data.eos_id: -1)");
   p_rand->excludes(p_in);
+  auto* p_tok = p->add_option("--tokenizer", prep.tokenizer,
+                              "A Hugging Face tokenizer.json (byte-level BPE: GPT-2, Qwen2/3, Llama 3): its ids and its EOS after each document");
+  p_tok->excludes(p_rand);
+  p->add_option("--eos-token", prep.eos_token, "The end-of-document token (default: the tokenizer's <|endoftext|>, <|end_of_text|>, <|im_end|> or </s>)")->needs(p_tok);
+  p->add_option("--json-key", prep.json_key, "Inputs are JSON lines; this key's string is one document")->needs(p_tok);
   p->add_option("--vocab-size", prep.vocab_size, "Vocabulary of --random-tokens")->needs(p_rand);
   p->add_option("--document-tokens", prep.document_tokens, "Tokens per document of --random-tokens")->needs(p_rand);
   p->add_option("--seed", prep.seed, "Seed of --random-tokens")->needs(p_rand);

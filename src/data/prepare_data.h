@@ -26,9 +26,19 @@ struct PrepareDataOptions {
   std::vector<std::string> inputs;  // text files; each must exist, be readable and not be empty
   std::string output;               // prefix (or .bin/.idx name); parent directories are created
   DocSplit split = DocSplit::File;
+  // A Hugging Face tokenizer.json (data/tokenizer.h): its ids instead of bytes, its EOS after each
+  // document (eos_token, or the first of <|endoftext|>, <|end_of_text|>, <|im_end|>, </s> it
+  // has), the smallest Megatron dtype that holds its vocabulary; documents encoded in parallel.
+  std::string tokenizer;
+  std::string eos_token;
+  // JSON lines: each line is an object and its `json_key` string is one document (split ignored).
+  std::string json_key;
+  bool progress = false;  // a progress line on stderr (bytes/s, documents, tokens, ETA)
 };
 
 struct PrepareDataStats {
+  int64_t vocab_size = kByteVocabSize;  // of the ids written
+  int64_t eos_id = kByteEosId;
   int64_t num_documents = 0;
   int64_t num_tokens = 0;        // text bytes + one EOS per document
   int64_t num_input_bytes = 0;   // total size of the input files

@@ -232,11 +232,17 @@ int cmd_prepare_data(const PrepareDataArgs& args) {
   o.inputs = args.inputs;
   o.output = args.output;
   o.split = parse_doc_split(args.split);
+  o.tokenizer = args.tokenizer;
+  o.eos_token = args.eos_token;
+  o.json_key = args.json_key;
+  o.progress = true;
   PrepareDataStats st = prepare_data(o);
-  std::printf("wrote %s and %s: %lld documents, %lld tokens (byte-level, vocab %d, eos %d) from "
-              "%lld input bytes\n",
+  std::printf("wrote %s and %s: %lld documents, %lld tokens (%s, vocab %lld, eos %lld: train with "
+              "model.vocab_size ≥ %lld, data.eos_id: %lld) from %lld input bytes\n",
               st.bin_path.c_str(), st.idx_path.c_str(), (long long)st.num_documents,
-              (long long)st.num_tokens, kByteVocabSize, kByteEosId, (long long)st.num_input_bytes);
+              (long long)st.num_tokens, o.tokenizer.empty() ? "byte-level" : o.tokenizer.c_str(),
+              (long long)st.vocab_size, (long long)st.eos_id, (long long)st.vocab_size,
+              (long long)st.eos_id, (long long)st.num_input_bytes);
   return 0;
 }
 

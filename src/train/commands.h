@@ -49,6 +49,7 @@ struct PrepareDataArgs {
   std::vector<std::string> inputs;
   std::string output;
   std::string split = "file";
+  std::string tokenizer, eos_token, json_key;
   int64_t random_tokens = 0;  // > 0: random ids instead of text
   int64_t vocab_size = 0;
   int64_t document_tokens = 1 << 20;

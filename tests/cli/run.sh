@@ -42,6 +42,9 @@ expect 2 "prepare-data --random-tokens needs --vocab-size" -- prepare-data --ran
 expect 2 "excludes" -- prepare-data --random-tokens 100 --vocab-size 9 --input corpus.txt --output data/x
 expect 2 "prepare-data needs --input" -- prepare-data --output data/x
 expect 2 "--vocab-size 1: must be in" -- prepare-data --random-tokens 100 --vocab-size 1 --output data/x
+# A Hugging Face tokenizer's ids (the Qwen2-form fixture) and its EOS.
+expect 0 "vocab 2000, eos 0: train with model.vocab_size ≥ 2000, data.eos_id: 0" -- prepare-data --input corpus.txt --split blank-line --tokenizer "$src/tests/data/fixtures/tokenizer/qwen2/tokenizer.json" --output data/tok
+expect 2 "--eos-token </x>: not a token of" -- prepare-data --input corpus.txt --tokenizer "$src/tests/data/fixtures/tokenizer/gpt2/tokenizer.json" --eos-token "</x>" --output data/x
 cat > good.yaml <<'EOF'
 model: {vocab_size: 257, hidden_size: 16, num_layers: 2, num_heads: 2, num_kv_heads: 1}
 moe: {num_experts: 4, top_k: 2, expert_ffn: 16}

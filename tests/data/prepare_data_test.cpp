@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "catch.h"
+#include "ckpt/json.h"
 #include "data/prepare_data.h"
+#include "data/tokenizer.h"
 #include "data/token_shard.h"
 #include "data_test_util.h"
 #include "test_util.h"
@@ -158,4 +160,55 @@ TEST_CASE("prepare_random_tokens: uniform ids over the vocabulary, reproducible 
   o.num_tokens = 5;
   o.vocab_size = 1;
   CHECK_THROWS_WITH(prepare_random_tokens(o), Catch::Contains("--vocab-size 1: must be in"));
+}
+
+TEST_CASE("prepare_data with a tokenizer: its ids and its EOS per document, text and JSON lines",
+          "[cpu][data]") {
+  TempDir dir;
+  const std::string tok_path = std::string(MOP_SOURCE_DIR) + "/tests/data/fixtures/tokenizer/qwen2/tokenizer.json";
+  const Tokenizer tok = Tokenizer::load(tok_path);
+  const int32_t eos = *tok.token_id("<|endoftext|>");
+  const std::vector<std::string> docs = {"In the beginning God created the heaven and the earth.",
+                                         "混合专家 😀👍🏽 naïve café\tdon't",
+                                         "And the earth was without form, and void."};
+  test::write_text(dir / "a.txt", docs[0] + "\n\n" + docs[1] + "\n\n\n" + docs[2] + "\n");
+  std::string jsonl;
+  for (const std::string& d : docs) jsonl += "{\"id\": 1, \"text\": " + Json(d).dump() + "}\n\n";
+  test::write_text(dir / "a.jsonl", jsonl);
+  std::vector<uint32_t> want;
+  for (const std::string& d : docs) {
+    for (int32_t id : tok.encode(d)) want.push_back(uint32_t(id));
+    want.push_back(uint32_t(eos));
+  }
+  for (int json = 0; json < 2; ++json) {
+    INFO((json ? "json lines" : "blank-line text"));
+    PrepareDataOptions o;
+    o.inputs = {dir / (json ? "a.jsonl" : "a.txt")};
+    o.output = dir / (json ? "j" : "t");
+    o.split = DocSplit::BlankLine;
+    o.tokenizer = tok_path;
+    if (json) o.json_key = "text";
+    const PrepareDataStats st = prepare_data(o);
+    CHECK(st.num_documents == 3);
+    CHECK(st.eos_id == eos);
+    CHECK(st.vocab_size == tok.vocab_size());
+    TokenShard shard = TokenShard::open_megatron(o.output);
+    CHECK(shard.dtype() == TokenDType::U16);  // the smallest that holds 2,000+ ids
+    std::vector<uint32_t> got(size_t(shard.num_tokens()));
+    shard.read(0, shard.num_tokens(), got.data());
+    CHECK(got == want);
+    CHECK(shard.document_boundaries().size() == 4);
+  }
+  // Errors name the problem: an EOS the tokenizer lacks, a line without the key, --json-key alone.
+  PrepareDataOptions o;
+  o.inputs = {dir / "a.jsonl"};
+  o.output = dir / "x";
+  o.tokenizer = tok_path;
+  o.eos_token = "</nope>";
+  CHECK_THROWS_WITH(prepare_data(o), Catch::Contains("--eos-token </nope>: not a token of"));
+  o.eos_token.clear();
+  o.json_key = "body";
+  CHECK_THROWS_WITH(prepare_data(o), Catch::Contains("a.jsonl:1: no string \"body\" (--json-key)"));
+  o.tokenizer.clear();
+  CHECK_THROWS_WITH(prepare_data(o), Catch::Contains("--json-key needs --tokenizer"));
 }
