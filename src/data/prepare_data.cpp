@@ -71,6 +71,8 @@ DocSplit parse_doc_split(std::string_view name) {
   throw_user_error("document split must be file or blank-line (got \"", name, "\")");
 }
 
+namespace {
+
 // Calls emit(text, where) for every document of `file`: the whole file, its blank-line blocks, or
 // with a JSON key each line's string.
 template <class Emit>
@@ -99,6 +101,17 @@ void for_each_document(const MappedFile& file, const PrepareDataOptions& o, Emit
   for_each_block(file.data(), file.size(), [&](size_t begin, size_t end) {
     emit(std::string(data + begin, end - begin), file.path());
   });
+}
+
+// Finishes the files; the stats of what they hold.
+PrepareDataStats finish(IndexedDatasetWriter& writer, const MegatronPaths& out, PrepareDataStats stats) {
+  writer.finish();
+  stats.num_documents = writer.num_documents();
+  stats.num_tokens = writer.num_tokens();
+  stats.num_output_bytes = writer.num_bytes_written();
+  stats.bin_path = out.bin;
+  stats.idx_path = out.idx;
+  return stats;
 }
 
 int32_t resolve_eos(const Tokenizer& tok, const PrepareDataOptions& o) {
@@ -178,14 +191,10 @@ PrepareDataStats prepare_tokenized(const PrepareDataOptions& o, const std::vecto
                    ": no documents");
   }
   flush();
-  writer.finish();
-  stats.num_documents = writer.num_documents();
-  stats.num_tokens = writer.num_tokens();
-  stats.num_output_bytes = writer.num_bytes_written();
-  stats.bin_path = out.bin;
-  stats.idx_path = out.idx;
-  return stats;
+  return finish(writer, out, stats);
 }
+
+}  // namespace
 
 PrepareDataStats prepare_data(const PrepareDataOptions& options) {
   MOP_USER_CHECK(!options.inputs.empty(), "prepare-data needs at least one input file");
@@ -223,13 +232,7 @@ PrepareDataStats prepare_data(const PrepareDataOptions& options) {
     MOP_USER_CHECK(writer.num_documents() > documents_before, file.path(),
                    ": no documents (only blank lines)");
   }
-  writer.finish();
-  stats.num_documents = writer.num_documents();
-  stats.num_tokens = writer.num_tokens();
-  stats.num_output_bytes = writer.num_bytes_written();
-  stats.bin_path = out.bin;
-  stats.idx_path = out.idx;
-  return stats;
+  return finish(writer, out, stats);
 }
 
 PrepareDataStats prepare_random_tokens(const RandomTokensOptions& o) {
@@ -257,14 +260,10 @@ PrepareDataStats prepare_random_tokens(const RandomTokensOptions& o) {
     }
     w.end_document();
   }
-  w.finish();
   PrepareDataStats st;
-  st.num_documents = w.num_documents();
-  st.num_tokens = w.num_tokens();
-  st.num_output_bytes = w.num_bytes_written();
-  st.bin_path = w.paths().bin;
-  st.idx_path = w.paths().idx;
-  return st;
+  st.vocab_size = o.vocab_size;
+  st.eos_id = -1;
+  return finish(w, w.paths(), st);
 }
 
 }  // namespace mop
