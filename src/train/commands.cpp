@@ -56,7 +56,6 @@ std::string existing_run(const Config& cfg) {
 }  // namespace
 
 int cmd_train(const TrainArgs& args, World& world) {
-  const StopSignals signals;  // a preemption notice during start-up still ends in exit 0
   std::vector<std::string> overrides = args.overrides;
   if (!args.resume.empty()) overrides.push_back("checkpoint.resume=" + args.resume);
   if (args.profile_step > 0) overrides.push_back("train.profile_step=" + std::to_string(args.profile_step));

@@ -40,7 +40,8 @@ Config planned_config(const Config& cfg, const Machine& machine, int world);
 // stop instead of ending the process: Trainer::run stops at the next step boundary with a
 // checkpoint, or before its first step when the signal came during start-up (loading a large
 // checkpoint can take minutes; the run then exits 0 and a requeue resumes). `mop train` holds one
-// from its start, Trainer::run one more; the outermost restores the previous handlers.
+// from before MPI starts (main.cpp), Trainer::run one more; the outermost restores the previous
+// handlers.
 class StopSignals {
  public:
   StopSignals();
