@@ -96,31 +96,36 @@ std::optional<WatchdogState> decode_watchdog_state(const std::string& line) {
 
 std::string describe_stragglers(int self, uint64_t seq, const std::vector<PeerEndpoint>& peers,
                                 const std::vector<std::optional<WatchdogState>>& states) {
-  std::vector<int> late;
-  std::vector<std::string> why;
+  // Late ranks fall in two groups: those that are not in any collective (silent, computing, or
+  // never begun one) and those still inside an earlier collective. The second kind is usually
+  // waiting for the first, so the first is named as the cause and the second after it.
+  std::vector<int> late, waiting;
+  std::vector<std::string> why, why_waiting;
   int silent = 0;
   for (int r = 0; r < int(states.size()); ++r) {
     if (r == self) continue;
     const auto& s = states[size_t(r)];
+    if (s && s->seq >= seq) continue;  // at this collective (waiting too), or past it: it arrived
+    if (s && s->in_flight) {
+      waiting.push_back(r);
+      why_waiting.push_back("has been in collective " + s->what + " (#" + std::to_string(s->seq) +
+                            ") for " + fmt_seconds(s->age_s) + " s");
+      continue;
+    }
     std::string reason;
     if (!s) {
       reason = "does not answer (stopped, stuck in the kernel, or its node is down)";
       ++silent;
-    } else if (s->seq < seq) {
-      if (s->in_flight)
-        reason = "has been in collective " + s->what + " (#" + std::to_string(s->seq) +
-                 ") for " + fmt_seconds(s->age_s) + " s";
-      else if (s->seq == 0)
-        reason = "has begun no collective in " + fmt_seconds(s->age_s) + " s";
-      else
-        reason = "has been outside collectives for " + fmt_seconds(s->age_s) + " s, since " +
-                 s->what + " (#" + std::to_string(s->seq) + ") ended";
+    } else if (s->seq == 0) {
+      reason = "has begun no collective in " + fmt_seconds(s->age_s) + " s";
     } else {
-      continue;  // at this collective (waiting too), or past it: it arrived
+      reason = "has been outside collectives for " + fmt_seconds(s->age_s) + " s, since " + s->what +
+               " (#" + std::to_string(s->seq) + ") ended";
     }
     late.push_back(r);
     why.push_back(std::move(reason));
   }
+  if (late.empty()) late.swap(waiting), why.swap(why_waiting);
   if (late.empty())
     return "every rank reached this collective (a stall in the network or on a device?)";
   auto who = [&](int r) {
@@ -129,15 +134,28 @@ std::string describe_stragglers(int self, uint64_t seq, const std::vector<PeerEn
       w += " (host " + peers[size_t(r)].host + ", pid " + std::to_string(peers[size_t(r)].pid) + ")";
     return w;
   };
+  auto list = [&](std::ostringstream& os, const std::vector<int>& ranks) {
+    for (size_t i = 0; i < ranks.size() && i < 8; ++i) os << (i ? ", " : "") << ranks[i];
+    if (ranks.size() > 8) os << " and " << ranks.size() - 8 << " more";
+  };
   std::ostringstream os;
   if (late.size() == 1) {
     os << who(late[0]) << " did not arrive: it " << why[0];
   } else {
     os << "ranks ";
-    for (size_t i = 0; i < late.size() && i < 8; ++i) os << (i ? ", " : "") << late[i];
-    if (late.size() > 8) os << " and " << late.size() - 8 << " more";
+    list(os, late);
     os << " did not arrive: ";
     for (size_t i = 0; i < late.size() && i < 8; ++i) os << (i ? "; " : "") << who(late[i]) << ' ' << why[i];
+  }
+  if (!waiting.empty()) {
+    os << "; behind " << (late.size() == 1 ? "it" : "them") << ", still in an earlier collective: ";
+    if (waiting.size() > 8) {
+      os << "ranks ";
+      list(os, waiting);
+    } else {
+      for (size_t i = 0; i < waiting.size(); ++i)
+        os << (i ? "; " : "") << who(waiting[i]) << ' ' << why_waiting[i];
+    }
   }
   if (silent == int(states.size()) - 1 && states.size() > 2)
     os << " (no rank answered: is TCP between the ranks blocked?)";

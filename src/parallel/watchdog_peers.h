@@ -37,7 +37,9 @@ struct PeerEndpoint {
 
 // The clause of the watchdog's error line after "did not finish within T s; " for the rank
 // `self` waiting in collective number `seq`: which ranks did not arrive and what each is doing
-// (an earlier collective, outside collectives, no answer), or that every rank reached it.
+// (outside collectives, never begun one, no answer), then the ranks still inside an earlier
+// collective, which are most often waiting for the former (they are named first only when no rank
+// of the former kind is late), or that every rank reached it.
 // states[r] is rank r's answer (nullopt: none within the query deadline); states[self] is ignored.
 std::string describe_stragglers(int self, uint64_t seq, const std::vector<PeerEndpoint>& peers,
                                 const std::vector<std::optional<WatchdogState>>& states);

@@ -200,9 +200,20 @@ TEST_CASE("watchdog: the error line names the ranks that did not arrive", "[cpu]
         "since mpi barrier (#6) ended");
   states[3] = WatchdogState{5, true, 61, "nccl all_to_all_v"};
   CHECK(describe_stragglers(0, 7, peers, states) ==
-        "ranks 2, 3 did not arrive: rank 2 (host node1, pid 102) has been outside collectives for "
-        "4.3 s, since mpi barrier (#6) ended; rank 3 (host node1, pid 103) has been in collective "
+        "rank 2 (host node1, pid 102) did not arrive: it has been outside collectives for 4.3 s, "
+        "since mpi barrier (#6) ended; behind it, still in an earlier collective: rank 3 (host "
+        "node1, pid 103) has been in collective nccl all_to_all_v (#5) for 61 s");
+  // Only ranks inside earlier collectives: they are the ones named.
+  CHECK(describe_stragglers(0, 7, peers, {S{}, states[3], WatchdogState{7, true, 1, "a"}, states[3]}) ==
+        "ranks 1, 3 did not arrive: rank 1 (host node0, pid 101) has been in collective "
+        "nccl all_to_all_v (#5) for 61 s; rank 3 (host node1, pid 103) has been in collective "
         "nccl all_to_all_v (#5) for 61 s");
+  // The CI case on 3 ranks: rank 2 is at #9, rank 0 still in #8 waiting for rank 1, which is
+  // stopped. Rank 1 is named first, as the one that did not arrive.
+  CHECK(describe_stragglers(2, 9, peers, {WatchdogState{8, true, 4.4, "mpi all_reduce_sum"}, S{}, S{}}) ==
+        "rank 1 (host node0, pid 101) did not arrive: it does not answer (stopped, stuck in the "
+        "kernel, or its node is down); behind it, still in an earlier collective: rank 0 (host "
+        "node0, pid 100) has been in collective mpi all_reduce_sum (#8) for 4.4 s");
   // Seen from rank 2 (its own entry ignored): everyone else answered at or past #7... but rank 3.
   CHECK(describe_stragglers(2, 7, peers, {S{}, states[1], S{}, WatchdogState{7, false, 0, "x"}}) ==
         "rank 0 (host node0, pid 100) did not arrive: it does not answer (stopped, stuck in the "
