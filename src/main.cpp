@@ -37,6 +37,7 @@ Examples:
   mop import-hf path/to/Qwen3-30B-A3B --out checkpoints/q3-30b
   mop export-hf checkpoints/run --out hf/run --dtype bf16
   mop score --checkpoint checkpoints/run --tokens tokens.txt --out logits.bin
+  mop score --checkpoint checkpoints/run --text held_out.txt
 )";
 
 }  // namespace
@@ -99,9 +100,9 @@ int main(int argc, char** argv) {
   p->add_option("--seed", prep.seed, "Seed of --random-tokens")->needs(p_rand);
 
   mop::GenerateArgs gen;
-  auto* g = app.add_subcommand("generate", "Print a continuation of a prompt from a checkpoint (byte-level models)");
+  auto* g = app.add_subcommand("generate", "Print a continuation of a prompt from a checkpoint, decoded with its tokenizer");
   g->add_option("--checkpoint", gen.checkpoint, "A step_N checkpoint or a checkpoint directory (its latest)")->required();
-  g->add_option("--prompt", gen.prompt, "Text to continue");
+  g->add_option("--prompt", gen.prompt, "Text to continue (encoded with the checkpoint's tokenizer; bytes for a byte-level model)");
   g->add_option("-n,--tokens", gen.tokens, "Tokens to generate")->check(CLI::Range(1, 1 << 20));
   g->add_option("--temperature", gen.temperature, "Sampling temperature; 0: greedy")->check(CLI::Range(0.0, 100.0));
   g->add_option("--top-k", gen.top_k, "Sample among the k most likely tokens; 0: all")->check(CLI::Range(0, 1 << 30));
@@ -127,7 +128,9 @@ int main(int argc, char** argv) {
   mop::ScoreArgs score;
   auto* sc = app.add_subcommand("score", "Mean next-token cross-entropy (and logits) of token sequences under a checkpoint");
   sc->add_option("--checkpoint", score.checkpoint, "A step_N checkpoint or a checkpoint directory (its latest)")->required();
-  sc->add_option("--tokens", score.tokens, "Token ids: text (one sequence per line) or binary int32")->required();
+  auto* sc_tokens = sc->add_option("--tokens", score.tokens, "Token ids: text (one sequence per line) or binary int32");
+  sc->add_option("--text", score.text, "Text, one sequence per line, encoded with the checkpoint's tokenizer (bytes for a byte-level model); instead of --tokens")
+      ->excludes(sc_tokens);
   sc->add_option("--seq-len", score.seq_len, "Binary token files: tokens per sequence (default: the whole file)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 31));
   sc->add_option("--device", score.device, "cpu (fp32, default) or cuda (bf16)")->check(CLI::IsMember({"cpu", "cuda"}));

@@ -83,6 +83,7 @@ struct DataConfig {
   std::string format = "auto";  // auto | megatron | flat
   std::string flat_dtype = "uint16";
   int64_t eos_id = 256;  // -1: none
+  std::string tokenizer;  // tokenizer.json saved with the checkpoints; empty: the data's, if any
   int64_t seq_len = 256;
   bool eod_mask_loss = false;
   bool reset_position_ids = false;

@@ -114,6 +114,7 @@ std::vector<FieldSpec> config_schema(Config& c) {
   s.s("data.format", d.format, {"auto", "megatron", "flat"}, "Shard format; auto picks megatron when PATH.idx exists.");
   s.s("data.flat_dtype", d.flat_dtype, {"uint16", "uint32"}, "Token type of flat binary shards.");
   s.i("data.eos_id", d.eos_id, -1, kMaxVocab, "End-of-document token id; -1: none. 256 for `mop prepare-data` shards.");
+  s.s("data.tokenizer", d.tokenizer, {}, "The Hugging Face tokenizer.json of the data, copied (with tokenizer_config.json and special_tokens_map.json beside it) into every checkpoint for generate, score and export-hf. Empty: the one `mop prepare-data --tokenizer` wrote beside the first shard (PATH.tokenizer.json), else the resumed or init_from checkpoint's; byte-level data have none. Its vocabulary must fit model.vocab_size.");
   s.i("data.seq_len", d.seq_len, 1, 1 << 24, "Tokens per training sequence.");
   s.b("data.eod_mask_loss", d.eod_mask_loss, "Do not train on predicting the token after an end-of-document.");
   s.b("data.reset_position_ids", d.reset_position_ids, "Restart RoPE positions after every end-of-document.");

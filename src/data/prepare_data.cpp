@@ -16,6 +16,7 @@
 #include "core/rng.h"
 #include "data/megatron_format.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_files.h"
 #include "ckpt/json.h"
 
 namespace mop {
@@ -103,9 +104,11 @@ void for_each_document(const MappedFile& file, const PrepareDataOptions& o, Emit
   });
 }
 
-// Finishes the files; the stats of what they hold.
+// Finishes the files (and removes a tokenizer an earlier run left beside them); the stats of what
+// they hold.
 PrepareDataStats finish(IndexedDatasetWriter& writer, const MegatronPaths& out, PrepareDataStats stats) {
   writer.finish();
+  TokenizerFiles::remove_beside_data(out.prefix);
   stats.num_documents = writer.num_documents();
   stats.num_tokens = writer.num_tokens();
   stats.num_output_bytes = writer.num_bytes_written();
@@ -191,7 +194,10 @@ PrepareDataStats prepare_tokenized(const PrepareDataOptions& o, const std::vecto
                    ": no documents");
   }
   flush();
-  return finish(writer, out, stats);
+  PrepareDataStats done = finish(writer, out, stats);
+  // The tokenizer goes with the shards: training copies it into the checkpoints.
+  TokenizerFiles::read(o.tokenizer, "--tokenizer").write_beside_data(out.prefix);
+  return done;
 }
 
 }  // namespace

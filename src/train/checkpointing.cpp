@@ -125,12 +125,16 @@ void load_tensors(const std::vector<SafetensorsFile>& files, const ModelLayout& 
 }  // namespace
 
 std::string save_checkpoint(const Config& cfg, const ParamStore& params, const Optimizer& optim,
-                            const TrainerState& state, World& world, const ParallelGroups* groups) {
+                            const TrainerState& state, World& world, const ParallelGroups* groups,
+                            const TokenizerFiles* tokenizer) {
   // Rank 0 creates step_N.tmp; every rank writes the tensors whose optimizer state it owns (with
   // ZeRO-1 each replicated tensor has one owner; expert shards too), then rank 0 hashes every file,
   // writes the manifest and renames.
   std::optional<CheckpointWriter> w;
-  if (world.is_root()) w.emplace(CheckpointWriter::begin(cfg.checkpoint.dir, state.step));
+  if (world.is_root()) {
+    w.emplace(CheckpointWriter::begin(cfg.checkpoint.dir, state.step));
+    if (tokenizer) tokenizer->write_into(w->dir());
+  }
   world.comm->barrier();
   const ModelLayout& layout = params.layout();
   auto mine = [&](const HfView& v) { return optim.owns(v.param); };
@@ -183,6 +187,42 @@ std::string save_checkpoint(const Config& cfg, const ParamStore& params, const O
   }
   world.comm->barrier();
   return saved;
+}
+
+std::optional<TokenizerFiles> resolve_run_tokenizer(const Config& cfg, const std::optional<std::string>& from) {
+  std::optional<TokenizerFiles> data;
+  const bool named = !cfg.data.tokenizer.empty();
+  if (named) {
+    data = TokenizerFiles::read(cfg.data.tokenizer, "data.tokenizer");
+  } else {
+    std::string with, without;
+    for (const std::string& path : cfg.data.paths) {
+      std::optional<TokenizerFiles> t = TokenizerFiles::beside_data(path);
+      (t ? with : without) = path;
+      if (!t) continue;
+      MOP_USER_CHECK(!data || data->tokenizer_json() == t->tokenizer_json(), "data.paths: ", data->source,
+                     " and ", t->source, " differ: the shards were made with different tokenizers");
+      if (!data) data = std::move(t);
+    }
+    MOP_USER_CHECK(with.empty() || without.empty(), "data.paths: ", with, " was made with a tokenizer (",
+                   data->source, ") and ", without, " without one; prepare every shard with the same "
+                   "tokenizer, or name the one that holds for all in data.tokenizer");
+  }
+  std::optional<TokenizerFiles> saved;
+  if (from) saved = TokenizerFiles::in_directory(*from);
+  if (data && saved && data->tokenizer_json() != saved->tokenizer_json()) {
+    MOP_USER_CHECK(named, "the data's tokenizer ", data->source, " differs from the one checkpoint ", *from,
+                   " was trained with (", saved->source, "): the ids would mean other tokens. Name the "
+                   "tokenizer to keep in data.tokenizer if this is on purpose");
+    spdlog::warn("data.tokenizer {} differs from the tokenizer of {}; the new checkpoints carry {}",
+                 data->source, *from, data->source);
+  }
+  if (!data && saved)
+    spdlog::warn("the data have no tokenizer (byte-level or random ids), checkpoint {} has one; the "
+                 "new checkpoints keep it", *from);
+  std::optional<TokenizerFiles> t = data ? std::move(data) : std::move(saved);
+  if (t) t->check_fits(cfg.model.vocab_size);
+  return t;
 }
 
 std::optional<std::string> resolve_resume_dir(const Config& cfg) {

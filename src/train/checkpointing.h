@@ -9,6 +9,7 @@
 #include <string>
 
 #include "config/config.h"
+#include "data/tokenizer_files.h"
 #include "optim/optimizer.h"
 #include "parallel/groups.h"
 #include "parallel/world.h"
@@ -24,9 +25,18 @@ struct TrainerState {
 };
 
 // Writes <checkpoint.dir>/step_<N>/ and prunes old ones; every rank takes part (one rank per
-// expert shard writes it; rank 0 the dense tensors and the manifest). groups: null for one rank.
+// expert shard writes it; rank 0 the dense tensors, the tokenizer files and the manifest).
+// groups: null for one rank; tokenizer: null when the run has none.
 std::string save_checkpoint(const Config& cfg, const ParamStore& params, const Optimizer& optim,
-                            const TrainerState& state, World& world, const ParallelGroups* groups);
+                            const TrainerState& state, World& world, const ParallelGroups* groups,
+                            const TokenizerFiles* tokenizer = nullptr);
+
+// The tokenizer a run's checkpoints carry: data.tokenizer; else the one `mop prepare-data` wrote
+// beside the shards (every shard's the same, or none has one); else that of `from`, the
+// checkpoint the run resumes or starts from. UserError when its vocabulary does not fit
+// model.vocab_size, when shards disagree, or when the data's tokenizer differs from the
+// checkpoint's (unless data.tokenizer names the one to keep).
+std::optional<TokenizerFiles> resolve_run_tokenizer(const Config& cfg, const std::optional<std::string>& from);
 
 // The checkpoint to resume from for `mode` (none | auto | PATH), or nothing for a fresh start.
 std::optional<std::string> resolve_resume_dir(const Config& cfg);

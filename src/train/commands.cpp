@@ -21,6 +21,7 @@
 #include "plan/report.h"
 #include "plan/search.h"
 #include "train/checkpointing.h"
+#include "train/text_codec.h"
 #include "train/trainer.h"
 
 namespace mop {
@@ -257,9 +258,7 @@ int cmd_generate(const GenerateArgs& args) {
     dir = *found;
   }
   Config cfg = checkpoint_config(dir);
-  MOP_USER_CHECK(cfg.model.vocab_size >= kByteVocabSize && cfg.data.eos_id == kByteEosId,
-                 "mop generate decodes byte-level models (vocab ≥ 257, eos 256); this checkpoint's "
-                 "vocab_size is ", cfg.model.vocab_size);
+  const TextCodec codec = TextCodec::for_checkpoint(dir, cfg);
   cfg.train.device = "cpu";
   cfg.train.precision = "fp32";
   RunPlacement placement = resolve_placement(cfg, Device::CPU);
@@ -275,12 +274,16 @@ int cmd_generate(const GenerateArgs& args) {
   Transformer model(layout, params, *ops, topt);
   model.allocate();
 
-  std::vector<int32_t> context(args.prompt.begin(), args.prompt.end());
-  for (auto& c : context) c = int32_t(uint8_t(c));
-  if (context.empty()) context.push_back(int32_t('\n'));
+  std::vector<int32_t> context = codec.encode(args.prompt);
+  // An empty prompt starts a document: after the end-of-document token (a newline for a model
+  // trained without one).
+  if (context.empty()) context.push_back(cfg.data.eos_id >= 0 ? int32_t(cfg.data.eos_id) : int32_t('\n'));
   std::vector<int32_t> ids(S), targets(S, -1), pos(S);
   std::iota(pos.begin(), pos.end(), 0);
   std::vector<float> logits(size_t(cfg.model.vocab_size));
+  // The continuation is printed as the decoded text grows past what is out already; a decode that
+  // ends in U+FFFD waits for the rest of its character.
+  std::string printed = codec.decode(context);
   std::fputs(args.prompt.c_str(), stdout);
   for (int n = 0; n < args.tokens; ++n) {
     // Causal attention: positions after the context do not influence it, so the window is padded.
@@ -312,9 +315,14 @@ int cmd_generate(const GenerateArgs& args) {
         }
       }
     }
-    if (next == kByteEosId) break;
+    if (next == cfg.data.eos_id) break;
     context.push_back(next);
-    if (next < 256) std::fputc(next, stdout);
+    const std::string text = codec.decode(context);
+    if (text.size() > printed.size() && text.compare(0, printed.size(), printed) == 0 &&
+        !text.ends_with("\xEF\xBF\xBD")) {
+      std::fwrite(text.data() + printed.size(), 1, text.size() - printed.size(), stdout);
+      printed = text;
+    }
     std::fflush(stdout);
   }
   std::fputc('\n', stdout);

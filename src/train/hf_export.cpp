@@ -6,6 +6,7 @@
 
 #include "ckpt/file_io.h"
 #include "core/error.h"
+#include "data/tokenizer_files.h"
 #include "ops/ops.h"
 #include "train/hf_checkpoint_reader.h"
 #include "train/hf_interop.h"
@@ -78,6 +79,10 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& out,
                                }
                              });
   write_file_durable(fs::path(out) / "config.json", hf_config.dump(2));
+  if (const std::optional<TokenizerFiles> t = TokenizerFiles::in_directory(r.checkpoint_dir)) {
+    t->write_into(out);
+    r.tokenizer = true;
+  }
   return r;
 }
 
@@ -96,11 +101,11 @@ int cmd_export_hf(const ExportHfArgs& args) {
   o.max_shard_bytes = parse_byte_size(args.max_shard_size, "--max-shard-size");
   HfExportResult r = export_hf(args.checkpoint, args.out, o);
   std::printf(
-      "exported %s as %s (%s, %s experts): %d safetensors file(s), %.2f MB of tensors, and "
-      "config.json in %s\n",
+      "exported %s as %s (%s, %s experts): %d safetensors file(s), %.2f MB of tensors, "
+      "config.json%s in %s\n",
       r.checkpoint_dir.c_str(), std::string(hf_arch_class(r.arch)).c_str(), args.dtype.c_str(),
       args.layout.c_str(), r.shards.num_shards, double(r.shards.total_bytes) / 1e6,
-      args.out.c_str());
+      r.tokenizer ? " and the tokenizer" : "", args.out.c_str());
   return 0;
 }
 

@@ -9,6 +9,7 @@
 #include "ckpt/file_io.h"
 #include "ckpt/json.h"
 #include "core/error.h"
+#include "data/tokenizer_files.h"
 #include "ops/ops.h"
 #include "train/hf_interop.h"
 
@@ -94,7 +95,11 @@ HfImportResult import_hf(const std::string& hf_dir, const std::string& out,
   }
   const SafetensorsMetadata meta{{"format", "pt"}, {"producer", "mop " MOP_VERSION}};
   std::unique_ptr<Ops> host = make_cpu_ops();
+  const std::optional<TokenizerFiles> tokenizer = TokenizerFiles::in_directory(hf_dir);
+  if (tokenizer) tokenizer->check_fits(cfg.model.vocab_size);
   CheckpointWriter w = CheckpointWriter::begin(out, 0);
+  if (tokenizer) tokenizer->write_into(w.dir());
+  r.tokenizer = tokenizer.has_value();
   for (size_t g = 0; g < groups.size(); ++g) {
     int64_t numel = 0;
     for (size_t i : groups[g]) numel += specs[i].numel();
@@ -155,6 +160,7 @@ int cmd_import_hf(const ImportHfArgs& args) {
               std::string(hf_layout_name(r.layout)).c_str(),
               ic.dtype.empty() ? "dtype not stated" : ic.dtype.c_str(), double(r.num_params) / 1e6,
               r.checkpoint_dir.c_str());
+  if (r.tokenizer) std::printf("tokenizer copied from %s/tokenizer.json\n", args.dir.c_str());
   std::printf(
       "model config written to %s; fine-tune with: mop train --config YOUR.yaml --resume %s\n",
       r.yaml_path.c_str(), r.checkpoint_dir.c_str());

@@ -20,8 +20,10 @@ struct HfImportResult {
   HfImportedConfig imported;
   HfLayout layout = HfLayout::PerExpert;
   int64_t num_params = 0;
+  bool tokenizer = false;  // hf_dir's tokenizer.json (and companions) copied into step_0
 };
-// Reads `hf_dir` (config.json and safetensors) and writes <out>/step_0, the fp32 weights in files
+// Reads `hf_dir` (config.json and safetensors; tokenizer.json, tokenizer_config.json and
+// special_tokens_map.json when there) and writes <out>/step_0, the fp32 weights in files
 // of at most max_file_bytes (model.safetensors, or model-00001-of-0000N.safetensors). `out` must
 // not hold checkpoints yet.
 HfImportResult import_hf(const std::string& hf_dir, const std::string& out,
@@ -37,8 +39,9 @@ struct HfExportResult {
   std::string checkpoint_dir;
   HfArch arch = HfArch::Qwen3Moe;
   HfShardStats shards;
+  bool tokenizer = false;  // the checkpoint's tokenizer files copied too
 };
-// Writes config.json and the safetensors files into `out` (which must not hold a model yet) from a
+// Writes config.json, the safetensors files and the checkpoint's tokenizer files into `out` (which must not hold a model yet) from a
 // step_N directory or a checkpoint.dir (its latest).
 HfExportResult export_hf(const std::string& checkpoint, const std::string& out,
                          const HfExportOptions& options);

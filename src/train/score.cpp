@@ -12,7 +12,9 @@
 #include "ckpt/file_io.h"
 #include "core/error.h"
 #include "model/transformer.h"
+#include "train/checkpointing.h"
 #include "train/hf_checkpoint_reader.h"
+#include "train/text_codec.h"
 #include "train/trainer.h"
 
 namespace mop {
@@ -66,6 +68,32 @@ std::vector<std::vector<int32_t>> read_token_file(const std::string& path, int64
   MOP_USER_CHECK(n % len == 0, "--tokens ", path, ": ", n,
                  " tokens do not split into sequences of --seq-len ", len);
   for (int64_t s = 0; s < n; s += len) seqs.emplace_back(all.begin() + s, all.begin() + s + len);
+  return seqs;
+}
+
+std::vector<std::vector<int32_t>> read_text_file(const std::string& path, const std::string& checkpoint) {
+  std::error_code ec;
+  MOP_USER_CHECK(std::filesystem::is_regular_file(path, ec), "--text ", path, ": not found");
+  const std::string dir = resolve_checkpoint_path(checkpoint, "--checkpoint");
+  const TextCodec codec = TextCodec::for_checkpoint(dir, checkpoint_config(dir));
+  const std::string bytes = read_file(path);
+  std::vector<std::vector<int32_t>> seqs;
+  size_t begin = 0, line_no = 0;
+  while (begin < bytes.size()) {
+    size_t end = bytes.find('\n', begin);
+    if (end == std::string::npos) end = bytes.size();
+    ++line_no;
+    std::string_view line(bytes.data() + begin, end - begin);
+    if (line.ends_with('\r')) line.remove_suffix(1);
+    begin = end + 1;
+    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+    try {
+      seqs.push_back(codec.encode(line));
+    } catch (const UserError& e) {
+      throw_user_error("--text ", path, ": line ", line_no, ": ", e.what());
+    }
+  }
+  MOP_USER_CHECK(!seqs.empty(), "--text ", path, ": no text (every line is blank)");
   return seqs;
 }
 
@@ -158,7 +186,9 @@ ScoreResult score_sequences(const std::string& checkpoint,
 }
 
 int cmd_score(const ScoreArgs& args) {
-  std::vector<std::vector<int32_t>> seqs = read_token_file(args.tokens, args.seq_len);
+  MOP_USER_CHECK(args.tokens.empty() != args.text.empty(), "mop score needs one of --tokens (ids) and --text (text)");
+  std::vector<std::vector<int32_t>> seqs = args.text.empty() ? read_token_file(args.tokens, args.seq_len)
+                                                             : read_text_file(args.text, args.checkpoint);
   ScoreResult r = score_sequences(args.checkpoint, seqs, args.device, !args.out.empty());
   if (!args.out.empty())
     write_file_atomic(args.out, std::string_view(reinterpret_cast<const char*>(r.logits.data()),

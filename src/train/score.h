@@ -30,8 +30,12 @@ ScoreResult score_sequences(const std::string& checkpoint,
                             const std::vector<std::vector<int32_t>>& seqs,
                             const std::string& device, bool want_logits);
 
+// Text sequences, one per non-empty line of `path`, encoded as the checkpoint `checkpoint` (a step_N
+// directory or a checkpoint.dir) reads text: with its tokenizer (train/text_codec.h).
+std::vector<std::vector<int32_t>> read_text_file(const std::string& path, const std::string& checkpoint);
+
 struct ScoreArgs {
-  std::string checkpoint, tokens, device = "cpu", out;
+  std::string checkpoint, tokens, text, device = "cpu", out;
   int64_t seq_len = 0;
 };
 int cmd_score(const ScoreArgs& args);

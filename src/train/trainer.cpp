@@ -298,6 +298,7 @@ void Trainer::resume_or_init() {
         is_complete_checkpoint(src) ? resolve_resume(src, ResumeMode::Path) : resolve_resume(src, ResumeMode::Auto);
     MOP_USER_CHECK(from.has_value(), "checkpoint.init_from: ", src, ": no complete checkpoint there");
     const std::string changed = config_key_differences(checkpoint_config(from->string()), cfg_, {"model.", "moe."});
+    tokenizer_ = resolve_run_tokenizer(cfg_, from->string());
     optim_->init_weights(uint64_t(cfg_.train.seed));  // what the checkpoint lacks keeps its init
     load_checkpoint(from->string(), cfg_, *params_, *optim_, /*optim_state=*/false);
     optim_->set_updates(0);
@@ -306,6 +307,7 @@ void Trainer::resume_or_init() {
                  changed.empty() ? std::string() : " with model changes: " + changed);
     return;
   }
+  tokenizer_ = resolve_run_tokenizer(cfg_, dir);
   if (!dir) {
     optim_->init_weights(uint64_t(cfg_.train.seed));
     return;
@@ -484,7 +486,8 @@ void Trainer::save_checkpoint() {
   st.optimizer_updates = optim_->updates();
   st.seed = uint64_t(cfg_.train.seed);
   st.data_fingerprint = loader_->fingerprint();
-  std::string dir = mop::save_checkpoint(cfg_, *params_, *optim_, st, world_, groups_.get());
+  std::string dir = mop::save_checkpoint(cfg_, *params_, *optim_, st, world_, groups_.get(),
+                                         tokenizer_ ? &*tokenizer_ : nullptr);
   last_saved_step_ = step_;
   spdlog::info("saved checkpoint {}", dir);
 }

@@ -8,11 +8,13 @@
 #include <functional>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "config/config.h"
 #include "data/loader.h"
+#include "data/tokenizer_files.h"
 #include "model/transformer.h"
 #include "ops/timed_ops.h"
 #include "optim/optimizer.h"
@@ -111,6 +113,7 @@ class Trainer {
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<StepSchedule> schedule_;  // before the optimizer and model in destruction
   std::unique_ptr<MetricsLog> metrics_;
+  std::optional<TokenizerFiles> tokenizer_;  // saved into every checkpoint
 
   int64_t step_ = 0;             // optimizer steps done
   int64_t consumed_samples_ = 0;  // global training samples consumed

@@ -215,6 +215,68 @@ expect 0 "imported Qwen3MoeForCausalLM" -- import-hf hf_out --out ckpt_hf
 expect 2 "already holds checkpoints" -- import-hf hf_out --out ckpt_hf
 expect 2 "already holds a model" -- export-hf ckpt --out hf_out
 
+# Text for score: a byte-level model reads it as bytes, the same numbers as its ids.
+printf 'line 1\nLINE\n' > text.txt
+cross_entropy() { "$mop" score "$@" 2>&1 | grep "mean cross-entropy"; }
+[ -n "$(cross_entropy --checkpoint ckpt --tokens tokens.txt)" ] \
+  && [ "$(cross_entropy --checkpoint ckpt --tokens tokens.txt)" = "$(cross_entropy --checkpoint ckpt --text text.txt)" ] \
+  || { echo "FAIL: score --text of a byte-level model differs from --tokens of the bytes"; failures=$((failures + 1)); }
+expect 2 "--tokens excludes --text" -- score --checkpoint ckpt --tokens tokens.txt --text text.txt
+expect 2 "mop score needs one of --tokens (ids) and --text (text)" -- score --checkpoint ckpt
+expect 2 "--text nowhere.txt: not found" -- score --checkpoint ckpt --text nowhere.txt
+
+# The tokenizer goes with the data into every checkpoint: generate and score read text with it,
+# export-hf and import-hf carry it; a run whose data and checkpoint disagree is refused.
+qtok="$src/tests/data/fixtures/tokenizer/qwen2/tokenizer.json"
+gtok="$src/tests/data/fixtures/tokenizer/gpt2/tokenizer.json"
+check_same() {  # check_same FILE1 FILE2 WHAT
+  cmp -s "$1" "$2" || { echo "FAIL: $3 ($2 is not $1)"; failures=$((failures + 1)); }
+}
+check_same "$qtok" data/tok.tokenizer.json "prepare-data --tokenizer did not write the tokenizer beside the shards"
+cat > tok.yaml <<'CONF'
+model: {vocab_size: 2048, hidden_size: 16, num_layers: 2, num_heads: 2, num_kv_heads: 1}
+moe: {num_experts: 4, top_k: 2, expert_ffn: 16}
+data: {paths: [data/tok], seq_len: 32, eos_id: 0}
+train: {steps: 3, global_batch_size: 4, micro_batch_size: 2}
+checkpoint: {dir: ckpt_tok}
+CONF
+expect 0 "done at step 3" -- train --config tok.yaml
+check_same "$qtok" ckpt_tok/step_3/tokenizer.json "the checkpoint does not carry the data's tokenizer"
+grep -q '"tokenizer.json"' ckpt_tok/step_3/manifest.json \
+  || { echo "FAIL: the manifest does not list tokenizer.json"; failures=$((failures + 1)); }
+expect 0 "line 1 of" -- generate --checkpoint ckpt_tok --prompt "line 1 of" --tokens 8 --temperature 0
+# score --text equals score --tokens of the ids prepare-data wrote for the same text.
+printf "line 5 of the corpus: the router sends each token to two experts." > held.txt  # no newline
+expect 0 "documents" -- prepare-data --input held.txt --tokenizer "$qtok" --output data/held
+python3 -c "
+import struct
+b = open('data/held.bin', 'rb').read()
+ids = struct.unpack('<%dH' % (len(b) // 2), b)
+assert ids[-1] == 0, ids  # the end-of-document token
+print(' '.join(map(str, ids[:-1])))" > held_ids.txt
+[ -n "$(cross_entropy --checkpoint ckpt_tok --tokens held_ids.txt)" ] \
+  && [ "$(cross_entropy --checkpoint ckpt_tok --tokens held_ids.txt)" = "$(cross_entropy --checkpoint ckpt_tok --text held.txt)" ] \
+  || { echo "FAIL: score --text with the checkpoint's tokenizer differs from --tokens of its ids"; failures=$((failures + 1)); }
+expect 2 "has 2000 ids, more than model.vocab_size 1024" -- train --config tok.yaml --set model.vocab_size=1024 --set checkpoint.dir=ckpt_tok_small
+expect 2 "was made with a tokenizer" -- train --config tok.yaml --set "data.paths=[data/tok, data/corpus]" --set checkpoint.dir=ckpt_tok_mixed
+expect 0 "documents" -- prepare-data --input corpus.txt --split blank-line --tokenizer "$gtok" --output data/tok_gpt2
+expect 2 "differs from the one checkpoint" -- train --config tok.yaml --set "data.paths=[data/tok_gpt2]" --set checkpoint.dir=ckpt_tok_ft --set checkpoint.init_from=ckpt_tok
+expect 0 "done at step 3" -- train --config tok.yaml --set "data.paths=[data/tok_gpt2]" --set checkpoint.dir=ckpt_tok_ft --set checkpoint.init_from=ckpt_tok --set "data.tokenizer=$gtok"
+check_same "$gtok" ckpt_tok_ft/step_3/tokenizer.json "data.tokenizer is not the one the checkpoints carry"
+expect 2 "data.tokenizer nowhere.json: not found" -- train --config tok.yaml --set data.tokenizer=nowhere.json --set checkpoint.dir=ckpt_tok_none
+# Shards rewritten as bytes lose the tokenizer an earlier prepare left beside them.
+expect 0 "documents" -- prepare-data --input corpus.txt --output data/tok_gpt2
+[ ! -e data/tok_gpt2.tokenizer.json ] \
+  || { echo "FAIL: byte-level shards kept an earlier tokenizer beside them"; failures=$((failures + 1)); }
+# Hugging Face directories get the tokenizer and give it back; init_from keeps it.
+expect 0 "config.json and the tokenizer" -- export-hf ckpt_tok --out hf_tok
+check_same "$qtok" hf_tok/tokenizer.json "export-hf did not write the tokenizer"
+expect 0 "tokenizer copied from hf_tok/tokenizer.json" -- import-hf hf_tok --out ckpt_tok_hf
+check_same "$qtok" ckpt_tok_hf/step_0/tokenizer.json "import-hf did not carry the tokenizer"
+expect 0 "tokens drawn uniformly" -- prepare-data --random-tokens 5000 --vocab-size 2000 --output data/rand2k
+expect 0 "done at step 2" -- train --config tok.yaml --set "data.paths=[data/rand2k]" --set data.eos_id=-1 --set checkpoint.dir=ckpt_tok_rand --set checkpoint.init_from=ckpt_tok_hf --set train.steps=2
+check_same "$qtok" ckpt_tok_rand/step_2/tokenizer.json "a run on untokenized data from a checkpoint with a tokenizer dropped it"
+
 # The README's configuration table is the generated reference, line for line.
 "$mop" config-reference > reference.md
 missing=$(grep -vxF -f "$src/README.md" reference.md | head -n 3)
