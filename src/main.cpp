@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
                                "Instead of text: this many token ids drawn uniformly from [0, --vocab-size) (benchmarks; train with data.eos_id: -1)");
   p_rand->excludes(p_in);
   auto* p_tok = p->add_option("--tokenizer", prep.tokenizer,
-                              "A Hugging Face tokenizer.json (byte-level BPE: GPT-2, Qwen2/3, Llama 3): its ids and its EOS after each document");
+                              "A Hugging Face tokenizer.json (BPE: GPT-2, Qwen2/3, Llama 3 byte-level; Llama 2, Mixtral with byte fallback): each document's ids with the tokenizer's template tokens (BOS), then its EOS; copied beside the shards");
   p_tok->excludes(p_rand);
   p->add_option("--eos-token", prep.eos_token, "The end-of-document token (default: the tokenizer's <|endoftext|>, <|end_of_text|>, <|im_end|> or </s>)")->needs(p_tok);
   p->add_option("--json-key", prep.json_key, "Inputs are JSON lines; this key's string is one document")->needs(p_tok);

@@ -150,7 +150,7 @@ PrepareDataStats prepare_tokenized(const PrepareDataOptions& o, const std::vecto
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t i = 0; i < int64_t(batch.size()); ++i) {
       try {
-        ids[size_t(i)] = tok.encode(batch[size_t(i)]);
+        ids[size_t(i)] = tok.encode(batch[size_t(i)], /*add_special_tokens=*/true);
       } catch (...) {
         errors[size_t(i)] = std::current_exception();
       }

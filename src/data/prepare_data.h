@@ -26,9 +26,12 @@ struct PrepareDataOptions {
   std::vector<std::string> inputs;  // text files; each must exist, be readable and not be empty
   std::string output;               // prefix (or .bin/.idx name); parent directories are created
   DocSplit split = DocSplit::File;
-  // A Hugging Face tokenizer.json (data/tokenizer.h): its ids instead of bytes, its EOS after each
-  // document (eos_token, or the first of <|endoftext|>, <|end_of_text|>, <|im_end|>, </s> it
-  // has), the smallest Megatron dtype that holds its vocabulary; documents encoded in parallel.
+  // A Hugging Face tokenizer.json (data/tokenizer.h): its ids instead of bytes — each document
+  // encoded with the tokenizer's post-processor tokens (the BOS of a Llama template), as
+  // Megatron's preprocess_data.py does with a Hugging Face tokenizer — then its EOS (eos_token, or
+  // the first of <|endoftext|>, <|end_of_text|>, <|im_end|>, </s> it has); the smallest Megatron
+  // dtype that holds its vocabulary; documents encoded in parallel. The tokenizer.json (and its
+  // companions) is copied beside the shards as <prefix>.tokenizer.json for training to carry.
   std::string tokenizer;
   std::string eos_token;
   // JSON lines: each line is an object and its `json_key` string is one document (split ignored).

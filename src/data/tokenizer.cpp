@@ -1,8 +1,11 @@
-// Byte-level BPE tokenizer from a Hugging Face tokenizer.json. encode() follows the `tokenizers`
-// package step by step: added tokens are cut out of the raw text (leftmost, longest first; the
-// normalized=false ones before normalization, the others after), the rest is normalized (NFC via
-// ICU), split by the pre-tokenizer's regexes (PCRE2, UTF + UCP, JIT), mapped through GPT-2's
-// bytes_to_unicode alphabet and merged by rank.
+// BPE tokenizer from a Hugging Face tokenizer.json. encode() follows the `tokenizers` package
+// step by step: added tokens are cut out of the raw text (leftmost, longest first; the
+// normalized=false ones before normalization, the others, themselves normalized, after), the rest
+// is normalized (NFC via ICU, Prepend, Replace), pre-tokenized (the ByteLevel stage with its
+// regexes in PCRE2, UTF + UCP, JIT, and GPT-2's bytes_to_unicode alphabet; Metaspace; or none),
+// mapped to vocabulary symbols (a character that is not one becomes its <0xXX> byte tokens under
+// byte_fallback, else unk) and merged by rank; the post-processor's template adds its tokens.
+// decode() runs the file's decoder chain over the tokens.
 #include "data/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -11,11 +14,15 @@
 #include <unicode/ustring.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <queue>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "ckpt/json.h"
@@ -27,8 +34,10 @@ namespace {
 // GPT-2's split regex, what ByteLevel(use_regex=true) uses.
 constexpr std::string_view kGpt2Regex =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-// The BPE cache stops growing here (the `tokenizers` default capacity is 10'000 words).
+// The BPE cache stops growing here (the `tokenizers` default capacity is 10'000 words), and keeps
+// no word longer than this (without a pre-tokenizer a "word" is a whole piece of text).
 constexpr size_t kMaxCachedWords = 100'000;
+constexpr size_t kMaxCachedWordBytes = 256;
 
 void append_utf8(std::string& out, uint32_t cp) {
   if (cp < 0x80) {
@@ -159,8 +168,79 @@ void split_isolated(const Regex& re, std::string_view text, std::vector<std::str
   if (gap < text.size()) out.push_back(text.substr(gap));
 }
 
+// Replaces every occurrence of `from` (non-empty) in `s` by `to`, left to right, in one pass.
+void replace_all(std::string& s, std::string_view from, std::string_view to) {
+  size_t at = s.find(from);
+  if (at == std::string::npos) return;
+  std::string out;
+  out.reserve(s.size() + (to.size() > from.size() ? s.size() / 4 : 0));
+  size_t done = 0;
+  for (; at != std::string::npos; at = s.find(from, done)) {
+    out.append(s, done, at - done);
+    out += to;
+    done = at + from.size();
+  }
+  out.append(s, done);
+  s.swap(out);
+}
+
+// String::from_utf8_lossy: each maximal invalid prefix becomes one U+FFFD.
+std::string utf8_lossy(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (size_t i = 0; i < bytes.size();) {
+    const int len = utf8_seq_len(bytes, i);
+    if (len > 0)
+      out.append(bytes, i, size_t(len));
+    else
+      append_utf8(out, 0xFFFD);
+    i += size_t(std::abs(len));
+  }
+  return out;
+}
+
+std::string nfc(std::string_view text) {
+  if (std::all_of(text.begin(), text.end(), [](char c) { return uint8_t(c) < 0x80; }))
+    return std::string(text);
+  UErrorCode status = U_ZERO_ERROR;
+  const UNormalizer2* norm = unorm2_getNFCInstance(&status);
+  MOP_CHECK(U_SUCCESS(status), "ICU NFC: ", u_errorName(status));
+  MOP_CHECK(text.size() < size_t(INT32_MAX / 2), "text too long for ICU: ", text.size());
+  std::u16string in(text.size(), u'\0');
+  int32_t in_len = 0;
+  u_strFromUTF8(in.data(), int32_t(in.size()), &in_len, text.data(), int32_t(text.size()), &status);
+  MOP_CHECK(U_SUCCESS(status), "ICU UTF-8 → UTF-16: ", u_errorName(status));
+  // NFC of a UTF-16 string is at most 3× longer (Unicode's stated bound for NFC).
+  std::u16string nfc_text(size_t(in_len) * 3 + 1, u'\0');
+  const int32_t nfc_len =
+      unorm2_normalize(norm, in.data(), in_len, nfc_text.data(), int32_t(nfc_text.size()), &status);
+  MOP_CHECK(U_SUCCESS(status), "ICU NFC: ", u_errorName(status));
+  std::string out(size_t(nfc_len) * 3, '\0');
+  int32_t out_len = 0;
+  u_strToUTF8(out.data(), int32_t(out.size()), &out_len, nfc_text.data(), nfc_len, &status);
+  MOP_CHECK(U_SUCCESS(status), "ICU UTF-16 → UTF-8: ", u_errorName(status));
+  out.resize(size_t(out_len));
+  return out;
+}
+
+// The byte a "<0xXX>" token stands for as the ByteFallback decoder reads it (u8::from_str_radix
+// of the two characters after "<0x", which also takes "+X"), or -1 for any other token.
+int byte_token_value(std::string_view token) {
+  if (token.size() != 6 || !token.starts_with("<0x") || token[5] != '>') return -1;
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  if (token[3] == '+') return hex(token[4]);
+  const int hi = hex(token[3]), lo = hex(token[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
 struct AddedToken {
   std::string content;
+  std::string pattern;  // what encode matches: the content, normalized for normalized=true tokens
   int32_t id = 0;
   bool special = false, lstrip = false, rstrip = false, normalized = false;
 };
@@ -171,27 +251,60 @@ struct Segment {
   int32_t added_id = -1;
 };
 
+// One normalizer of the chain: NFC, Prepend(text) (to a non-empty text) or Replace(text, content).
+struct NormalizerStep {
+  enum class Kind { Nfc, Prepend, Replace } kind;
+  std::string text, content;
+};
+
+enum class PrependScheme { Always, First, Never };
+
+// Metaspace: spaces become `replacement`, which is prepended (always, to the text's first piece
+// only, or never) and, with `split`, starts a new word wherever it occurs.
+struct Metaspace {
+  std::string replacement;
+  PrependScheme scheme = PrependScheme::Always;
+  bool split = true;
+};
+
+// One decoder of the chain; each maps the whole token list to a new one (the package's
+// decode_chain), and decode() joins the last list.
+struct DecoderStep {
+  enum class Kind { ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace } kind = Kind::Fuse;
+  std::string text, content;   // Replace: text → content; Strip: content, one character
+  size_t start = 0, stop = 0;  // Strip: at most this many `content` characters off each end
+  Metaspace metaspace;
+};
+
+enum class PreTokenizer { None, ByteLevel, Metaspace };
+
 }  // namespace
 
 struct Tokenizer::Impl {
   std::string source;
   std::unordered_map<std::string, int32_t> vocab;
   std::vector<std::string> id_to_token;  // vocab and added tokens; "" for ids with neither
-  std::vector<bool> is_special;
+  std::vector<bool> is_special;          // what decode(skip_special=true) leaves out
   // (left id << 32 | right id) → (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges;
   std::optional<int32_t> unk_id;
-  bool ignore_merges = false;
+  bool ignore_merges = false, fuse_unk = false, byte_fallback = false;
+  std::array<int32_t, 256> byte_token;  // byte → id of the vocab's "<0xXX>", -1 when missing
 
   std::vector<AddedToken> added;
   std::unordered_map<std::string, int32_t> added_ids;
   // Added tokens by first byte, longest first, for the raw (normalized=false) and normalized pass.
   std::vector<std::vector<const AddedToken*>> raw_by_byte, norm_by_byte;
 
-  bool nfc = false;
+  std::vector<NormalizerStep> normalizers;
+  PreTokenizer pre = PreTokenizer::None;
   std::vector<Regex> splits;  // Split pre-tokenizers, in order, before the byte-level stage
   std::optional<Regex> byte_level_regex;
   bool add_prefix_space = false;
+  Metaspace metaspace;
+
+  std::optional<std::vector<DecoderStep>> decoders;  // nullopt: no decoder
+  std::vector<int32_t> prefix, suffix;               // the post-processor's single template
 
   std::vector<std::string> byte_char;               // byte → its alphabet character (UTF-8)
   std::unordered_map<uint32_t, uint8_t> char_byte;  // alphabet code point → byte
@@ -202,19 +315,22 @@ struct Tokenizer::Impl {
   void index_added();
   void split_added(std::string_view text, bool normalized_pass, std::vector<Segment>& out) const;
   std::string normalize(std::string_view text) const;
-  void pre_tokenize(std::string_view text, std::vector<int32_t>& ids) const;
+  void pre_tokenize(std::string_view text, bool at_start, std::vector<int32_t>& ids) const;
   void bpe(const std::string& word, std::vector<int32_t>& ids) const;
+  std::vector<int32_t> symbols_of(const std::string& word) const;
+  void merge(std::vector<int32_t>& symbols) const;
+  void run_decoder(const DecoderStep& d, std::vector<std::string>& tokens) const;
 };
 
 void Tokenizer::Impl::index_added() {
   raw_by_byte.assign(256, {});
   norm_by_byte.assign(256, {});
   for (const AddedToken& t : added)
-    (t.normalized ? norm_by_byte : raw_by_byte)[uint8_t(t.content[0])].push_back(&t);
+    (t.normalized ? norm_by_byte : raw_by_byte)[uint8_t(t.pattern[0])].push_back(&t);
   for (auto* table : {&raw_by_byte, &norm_by_byte})
     for (auto& bucket : *table)
       std::stable_sort(bucket.begin(), bucket.end(), [](const AddedToken* a, const AddedToken* b) {
-        return a->content.size() > b->content.size();
+        return a->pattern.size() > b->pattern.size();
       });
 }
 
@@ -228,7 +344,7 @@ void Tokenizer::Impl::split_added(std::string_view text, bool normalized_pass,
   while (pos < text.size()) {
     const AddedToken* hit = nullptr;
     for (const AddedToken* t : by_byte[uint8_t(text[pos])]) {
-      if (text.compare(pos, t->content.size(), t->content) == 0) {
+      if (text.compare(pos, t->pattern.size(), t->pattern) == 0) {
         hit = t;
         break;
       }
@@ -237,7 +353,7 @@ void Tokenizer::Impl::split_added(std::string_view text, bool normalized_pass,
       ++pos;
       continue;
     }
-    size_t start = pos, stop = pos + hit->content.size();
+    size_t start = pos, stop = pos + hit->pattern.size();
     if (hit->lstrip) {
       // Walk back over whitespace characters (continuation bytes belong to the character).
       size_t s = start;
@@ -264,30 +380,51 @@ void Tokenizer::Impl::split_added(std::string_view text, bool normalized_pass,
 }
 
 std::string Tokenizer::Impl::normalize(std::string_view text) const {
-  if (!nfc || std::all_of(text.begin(), text.end(), [](char c) { return uint8_t(c) < 0x80; }))
-    return std::string(text);
-  UErrorCode status = U_ZERO_ERROR;
-  const UNormalizer2* norm = unorm2_getNFCInstance(&status);
-  MOP_CHECK(U_SUCCESS(status), "ICU NFC: ", u_errorName(status));
-  MOP_CHECK(text.size() < size_t(INT32_MAX / 2), "text too long for ICU: ", text.size());
-  std::u16string in(text.size(), u'\0');
-  int32_t in_len = 0;
-  u_strFromUTF8(in.data(), int32_t(in.size()), &in_len, text.data(), int32_t(text.size()), &status);
-  MOP_CHECK(U_SUCCESS(status), "ICU UTF-8 → UTF-16: ", u_errorName(status));
-  // NFC of a UTF-16 string is at most 3× longer (Unicode's stated bound for NFC).
-  std::u16string nfc_text(size_t(in_len) * 3 + 1, u'\0');
-  const int32_t nfc_len =
-      unorm2_normalize(norm, in.data(), in_len, nfc_text.data(), int32_t(nfc_text.size()), &status);
-  MOP_CHECK(U_SUCCESS(status), "ICU NFC: ", u_errorName(status));
-  std::string out(size_t(nfc_len) * 3, '\0');
-  int32_t out_len = 0;
-  u_strToUTF8(out.data(), int32_t(out.size()), &out_len, nfc_text.data(), nfc_len, &status);
-  MOP_CHECK(U_SUCCESS(status), "ICU UTF-16 → UTF-8: ", u_errorName(status));
-  out.resize(size_t(out_len));
-  return out;
+  std::string s(text);
+  for (const NormalizerStep& n : normalizers) {
+    switch (n.kind) {
+      case NormalizerStep::Kind::Nfc:
+        s = nfc(s);
+        break;
+      case NormalizerStep::Kind::Prepend:
+        if (!s.empty()) s.insert(0, n.text);
+        break;
+      case NormalizerStep::Kind::Replace:
+        replace_all(s, n.text, n.content);
+        break;
+    }
+  }
+  return s;
 }
 
-void Tokenizer::Impl::pre_tokenize(std::string_view text, std::vector<int32_t>& ids) const {
+// `at_start`: the piece begins the original text (Metaspace's prepend_scheme "first").
+void Tokenizer::Impl::pre_tokenize(std::string_view text, bool at_start,
+                                   std::vector<int32_t>& ids) const {
+  if (pre == PreTokenizer::None) {
+    bpe(std::string(text), ids);
+    return;
+  }
+  if (pre == PreTokenizer::Metaspace) {
+    const std::string& rep = metaspace.replacement;
+    std::string s(text);
+    replace_all(s, " ", rep);
+    const bool prepend = metaspace.scheme == PrependScheme::Always ||
+                         (metaspace.scheme == PrependScheme::First && at_start);
+    if (prepend && !s.starts_with(rep)) s.insert(0, rep);
+    if (!metaspace.split) {
+      bpe(s, ids);
+      return;
+    }
+    // SplitDelimiterBehavior::MergedWithNext: each replacement character begins a word.
+    size_t begin = 0;
+    for (size_t at = s.find(rep); at != std::string::npos; at = s.find(rep, at + rep.size())) {
+      if (at == begin) continue;
+      bpe(s.substr(begin, at - begin), ids);
+      begin = at;
+    }
+    bpe(s.substr(begin), ids);
+    return;
+  }
   std::vector<std::string_view> pieces{text}, next;
   for (const Regex& re : splits) {
     next.clear();
@@ -314,50 +451,190 @@ void Tokenizer::Impl::pre_tokenize(std::string_view text, std::vector<int32_t>& 
   }
 }
 
-// Merges the word's characters pairwise, lowest rank first and leftmost among equal ranks (what
-// the package's priority queue does), and appends the resulting ids.
 void Tokenizer::Impl::bpe(const std::string& word, std::vector<int32_t>& ids) const {
+  if (word.empty()) return;
   if (ignore_merges) {
     if (auto it = vocab.find(word); it != vocab.end()) {
       ids.push_back(it->second);
       return;
     }
   }
-  {
+  const bool cacheable = word.size() <= kMaxCachedWordBytes;
+  if (cacheable) {
     std::lock_guard lock(cache_mutex);
     if (auto it = cache.find(word); it != cache.end()) {
       ids.insert(ids.end(), it->second.begin(), it->second.end());
       return;
     }
   }
+  std::vector<int32_t> symbols = symbols_of(word);
+  merge(symbols);
+  ids.insert(ids.end(), symbols.begin(), symbols.end());
+  if (!cacheable) return;
+  std::lock_guard lock(cache_mutex);
+  if (cache.size() < kMaxCachedWords) cache.emplace(word, std::move(symbols));
+}
+
+// BPE::merge_word before the merges: each character's vocab id; for one not in the vocab, under
+// byte_fallback its UTF-8 bytes' <0xXX> ids when all exist, else unk (a run of them one unk under
+// fuse_unk). As in the package, a pending unk is written only at the next character found in the
+// vocab (or the end): byte tokens of a character in between come before it.
+std::vector<int32_t> Tokenizer::Impl::symbols_of(const std::string& word) const {
   std::vector<int32_t> symbols;
+  bool unk_pending = false;
+  std::string ch;
   for (size_t i = 0; i < word.size();) {
     const int len = utf8_seq_len(word, i);
     MOP_CHECK(len > 0);
-    if (auto it = vocab.find(word.substr(i, size_t(len))); it != vocab.end())
-      symbols.push_back(it->second);
-    else if (unk_id)
-      symbols.push_back(*unk_id);
+    ch.assign(word, i, size_t(len));
     i += size_t(len);
-  }
-  while (symbols.size() > 1) {
-    int32_t best_rank = INT32_MAX, best_id = -1;
-    size_t best_pos = 0;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      const uint64_t key = uint64_t(uint32_t(symbols[i])) << 32 | uint32_t(symbols[i + 1]);
-      if (auto it = merges.find(key); it != merges.end() && it->second.first < best_rank) {
-        best_rank = it->second.first;
-        best_id = it->second.second;
-        best_pos = i;
-      }
+    if (auto it = vocab.find(ch); it != vocab.end()) {
+      if (unk_pending) symbols.push_back(*unk_id);
+      unk_pending = false;
+      symbols.push_back(it->second);
+      continue;
     }
-    if (best_id < 0) break;
-    symbols[best_pos] = best_id;
-    symbols.erase(symbols.begin() + std::ptrdiff_t(best_pos) + 1);
+    if (byte_fallback &&
+        std::all_of(ch.begin(), ch.end(), [&](char c) { return byte_token[uint8_t(c)] >= 0; })) {
+      for (char c : ch) symbols.push_back(byte_token[uint8_t(c)]);
+      continue;
+    }
+    if (!unk_id) continue;  // no unk: the character is dropped
+    if (unk_pending && !fuse_unk) symbols.push_back(*unk_id);
+    unk_pending = true;
   }
-  ids.insert(ids.end(), symbols.begin(), symbols.end());
-  std::lock_guard lock(cache_mutex);
-  if (cache.size() < kMaxCachedWords) cache.emplace(word, std::move(symbols));
+  if (unk_pending) symbols.push_back(*unk_id);
+  return symbols;
+}
+
+// Word::merge_all: merges adjacent symbols, lowest rank first and leftmost among equal ranks,
+// through a priority queue of candidate pairs (entries made stale by an earlier merge are
+// skipped), so a long word costs O(n log n).
+void Tokenizer::Impl::merge(std::vector<int32_t>& symbols) const {
+  const size_t n = symbols.size();
+  if (n < 2 || merges.empty()) return;
+  struct Candidate {
+    int32_t rank, pos, merged;
+  };
+  auto later = [](const Candidate& a, const Candidate& b) {
+    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> queue(later);
+  auto find = [&](int32_t left, int32_t right) {
+    auto it = merges.find(uint64_t(uint32_t(left)) << 32 | uint32_t(right));
+    return it == merges.end() ? nullptr : &it->second;
+  };
+  std::vector<int32_t> prev(n), next(n);
+  std::vector<bool> alive(n, true);
+  for (size_t i = 0; i < n; ++i) {
+    prev[i] = int32_t(i) - 1;
+    next[i] = i + 1 < n ? int32_t(i + 1) : -1;
+    if (i + 1 < n)
+      if (const auto* m = find(symbols[i], symbols[i + 1]))
+        queue.push({m->first, int32_t(i), m->second});
+  }
+  while (!queue.empty()) {
+    const Candidate top = queue.top();
+    queue.pop();
+    const int32_t pos = top.pos, right = next[size_t(pos)];
+    if (!alive[size_t(pos)] || right < 0) continue;
+    const auto* m = find(symbols[size_t(pos)], symbols[size_t(right)]);
+    if (!m || m->second != top.merged) continue;  // the pair changed since it was queued
+    symbols[size_t(pos)] = top.merged;
+    alive[size_t(right)] = false;
+    const int32_t after = next[size_t(right)];
+    next[size_t(pos)] = after;
+    if (after >= 0) prev[size_t(after)] = pos;
+    if (const int32_t before = prev[size_t(pos)]; before >= 0)
+      if (const auto* l = find(symbols[size_t(before)], top.merged))
+        queue.push({l->first, before, l->second});
+    if (after >= 0)
+      if (const auto* r = find(top.merged, symbols[size_t(after)]))
+        queue.push({r->first, pos, r->second});
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (alive[i]) symbols[kept++] = symbols[i];
+  symbols.resize(kept);
+}
+
+void Tokenizer::Impl::run_decoder(const DecoderStep& d, std::vector<std::string>& tokens) const {
+  switch (d.kind) {
+    case DecoderStep::Kind::ByteLevel: {
+      // A token wholly in the alphabet gives its bytes, any other its UTF-8; the bytes of all
+      // tokens then become one text (from_utf8_lossy).
+      std::string bytes;
+      for (const std::string& token : tokens) {
+        std::string mapped;
+        bool in_alphabet = true;
+        for (size_t i = 0; i < token.size() && in_alphabet;) {
+          const int len = utf8_seq_len(token, i);
+          auto it = len > 0 ? char_byte.find(decode_utf8_at(token, i, len)) : char_byte.end();
+          in_alphabet = it != char_byte.end();
+          if (in_alphabet) mapped += char(it->second);
+          i += size_t(std::abs(len));
+        }
+        bytes += in_alphabet ? mapped : token;
+      }
+      tokens.assign(1, utf8_lossy(bytes));
+      break;
+    }
+    case DecoderStep::Kind::Replace:
+      for (std::string& token : tokens) replace_all(token, d.text, d.content);
+      break;
+    case DecoderStep::Kind::ByteFallback: {
+      // Runs of <0xXX> tokens become their bytes' text when that is valid UTF-8, else one U+FFFD
+      // per token of the run.
+      std::vector<std::string> out;
+      std::string run;
+      auto flush = [&] {
+        if (run.empty()) return;
+        if (utf8_lossy(run) == run) {
+          out.push_back(run);
+        } else {
+          for (size_t k = 0; k < run.size(); ++k) out.emplace_back("\xef\xbf\xbd");
+        }
+        run.clear();
+      };
+      for (std::string& token : tokens) {
+        if (const int b = byte_token_value(token); b >= 0) {
+          run += char(b);
+          continue;
+        }
+        flush();
+        out.push_back(std::move(token));
+      }
+      flush();
+      tokens.swap(out);
+      break;
+    }
+    case DecoderStep::Kind::Fuse: {
+      std::string all;
+      for (const std::string& token : tokens) all += token;
+      tokens.assign(1, std::move(all));
+      break;
+    }
+    case DecoderStep::Kind::Strip:
+      for (std::string& token : tokens) {
+        const std::string& c = d.content;
+        size_t begin = 0, end = token.size();
+        for (size_t k = 0; k < d.start && token.compare(begin, c.size(), c) == 0; ++k)
+          begin += c.size();
+        for (size_t k = 0; k < d.stop && end >= begin + c.size() &&
+                           token.compare(end - c.size(), c.size(), c) == 0;
+             ++k)
+          end -= c.size();
+        token = token.substr(begin, end - begin);
+      }
+      break;
+    case DecoderStep::Kind::Metaspace:
+      // The replacement is a space again, except in the first token (all of its replacement
+      // characters are dropped there, as the package does) unless prepend_scheme is "never".
+      for (size_t i = 0; i < tokens.size(); ++i)
+        replace_all(tokens[i], d.metaspace.replacement,
+                    i == 0 && d.metaspace.scheme != PrependScheme::Never ? "" : " ");
+      break;
+  }
 }
 
 // ---- loading -------------------------------------------------------------------------------
@@ -379,32 +656,149 @@ bool flag(const Json& j, std::string_view key, bool fallback, const std::string&
                    hint.empty() ? "" : ")");
 }
 
-// Post-processors only add tokens (and offsets, type ids): encode() returns the text's ids, so
-// one that would add a token is refused rather than silently left out.
-void check_post_processor(const Json& p, const std::string& src) {
+// A Replace's pattern: {"String": "..."}; a Regex pattern is refused.
+std::string string_pattern(const Json& j, const std::string& src, const std::string& part) {
+  const std::string where = src + ": " + part;
+  const Json& pattern = j.at("pattern", where);
+  const Json* s = pattern.find("String");
+  if (!s) unsupported(src, part + " with a Regex pattern", "only a String pattern is");
+  const std::string& text = s->as_string(where + ".pattern.String");
+  MOP_USER_CHECK(!text.empty(), where, ": empty pattern");
+  return text;
+}
+
+// A string that must be one character (Rust's char): Metaspace's replacement, Strip's content.
+std::string one_char(const Json& j, std::string_view key, const std::string& where) {
+  const std::string& s = j.at(key, where).as_string(where + "." + std::string(key));
+  MOP_USER_CHECK(!s.empty() && utf8_seq_len(s, 0) == int(s.size()), where, ".", key,
+                 ": expected one character, got \"", s, "\"");
+  return s;
+}
+
+void read_normalizer(const Json& n, const std::string& src, std::vector<NormalizerStep>& out) {
+  const std::string where = src + ": normalizer";
+  const std::string type = type_of(n, where);
+  if (type == "Sequence") {
+    for (const Json& m : n.at("normalizers", where).as_array(where + ".normalizers"))
+      read_normalizer(m, src, out);
+  } else if (type == "NFC") {
+    out.push_back({NormalizerStep::Kind::Nfc, "", ""});
+  } else if (type == "Prepend") {
+    out.push_back(
+        {NormalizerStep::Kind::Prepend, n.at("prepend", where).as_string(where + ".prepend"), ""});
+  } else if (type == "Replace") {
+    out.push_back({NormalizerStep::Kind::Replace, string_pattern(n, src, "normalizer Replace"),
+                   n.at("content", where).as_string(where + ".content")});
+  } else {
+    unsupported(src, "normalizer " + type,
+                "supported: NFC, Prepend, Replace with a String pattern, and a Sequence of them");
+  }
+}
+
+// Metaspace's fields (pre-tokenizer and decoder alike), the older add_prefix_space form included.
+Metaspace read_metaspace(const Json& j, const std::string& where) {
+  Metaspace m;
+  m.replacement = one_char(j, "replacement", where);
+  const Json* scheme = j.find("prepend_scheme");
+  const std::string s = scheme && !scheme->is_null() ? scheme->as_string(where) : "always";
+  if (s == "always")
+    m.scheme = PrependScheme::Always;
+  else if (s == "first")
+    m.scheme = PrependScheme::First;
+  else if (s == "never")
+    m.scheme = PrependScheme::Never;
+  else
+    throw_user_error(where, ".prepend_scheme: expected always, first or never, got \"", s, "\"");
+  MOP_USER_CHECK(flag(j, "add_prefix_space", true, where) || m.scheme == PrependScheme::Never,
+                 where, ": add_prefix_space false contradicts prepend_scheme ", s);
+  m.split = flag(j, "split", true, where);
+  return m;
+}
+
+void read_decoder(const Json& d, const std::string& src, std::vector<DecoderStep>& out) {
+  const std::string where = src + ": decoder";
+  const std::string type = type_of(d, where);
+  DecoderStep step;
+  if (type == "Sequence") {
+    for (const Json& e : d.at("decoders", where).as_array(where + ".decoders"))
+      read_decoder(e, src, out);
+    return;
+  } else if (type == "ByteLevel") {
+    step.kind = DecoderStep::Kind::ByteLevel;
+  } else if (type == "Replace") {
+    step.kind = DecoderStep::Kind::Replace;
+    step.text = string_pattern(d, src, "decoder Replace");
+    step.content = d.at("content", where).as_string(where + ".content");
+  } else if (type == "ByteFallback") {
+    step.kind = DecoderStep::Kind::ByteFallback;
+  } else if (type == "Fuse") {
+    step.kind = DecoderStep::Kind::Fuse;
+  } else if (type == "Strip") {
+    step.kind = DecoderStep::Kind::Strip;
+    step.content = one_char(d, "content", where + " Strip");
+    const int64_t start = d.at("start", where).as_int64(where + ".start");
+    const int64_t stop = d.at("stop", where).as_int64(where + ".stop");
+    MOP_USER_CHECK(start >= 0 && stop >= 0, where, " Strip: start and stop must be ≥ 0");
+    step.start = size_t(start), step.stop = size_t(stop);
+  } else if (type == "Metaspace") {
+    step.kind = DecoderStep::Kind::Metaspace;
+    step.metaspace = read_metaspace(d, where + " Metaspace");
+  } else {
+    unsupported(src, "decoder " + type,
+                "supported: ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace and a "
+                "Sequence of them");
+  }
+  out.push_back(std::move(step));
+}
+
+// Post-processors: ByteLevel changes only offsets; TemplateProcessing's single-sequence template
+// gives the ids put before and after the text's (its pair template is for encoding two texts,
+// which this class does not do); a Sequence applies each in turn, so a later template wraps the
+// earlier one.
+void read_post_processor(const Json& p, const std::string& src, std::vector<int32_t>& prefix,
+                         std::vector<int32_t>& suffix) {
   const std::string where = src + ": post_processor";
   const std::string type = type_of(p, where);
   if (type == "ByteLevel") return;
   if (type == "Sequence") {
     for (const Json& q : p.at("processors", where).as_array(where + ".processors"))
-      check_post_processor(q, src);
+      read_post_processor(q, src, prefix, suffix);
     return;
   }
   if (type != "TemplateProcessing")
     unsupported(src, "post_processor " + type,
-                "only null, ByteLevel and a TemplateProcessing that adds no tokens are");
-  std::string added;
-  for (const Json& piece : p.at("single", where).as_array(where + ".single")) {
-    if (const Json* special = piece.find("SpecialToken"))
-      added += (added.empty() ? "" : ", ") + special->at("id", where).as_string(where);
-    else
-      MOP_USER_CHECK(piece.find("Sequence") &&
-                         piece.at("Sequence", where).at("id", where).as_string(where) == "A",
-                     where, ": TemplateProcessing.single: expected SpecialToken or Sequence A");
+                "supported: ByteLevel, TemplateProcessing and a Sequence of them");
+  const std::string twhere = where + " TemplateProcessing";
+  const Json* specials = p.find("special_tokens");
+  std::vector<int32_t> before, after;
+  int num_a = 0;
+  for (const Json& piece : p.at("single", twhere).as_array(twhere + ".single")) {
+    if (const Json* special = piece.find("SpecialToken")) {
+      const std::string& name = special->at("id", twhere).as_string(twhere + ".single");
+      const Json* entry = specials ? specials->find(name) : nullptr;
+      MOP_USER_CHECK(entry, twhere, ": '", name, "' is not in special_tokens");
+      for (const Json& id : entry->at("ids", twhere).as_array(twhere + ".special_tokens")) {
+        const int64_t v = id.as_int64(twhere + ".special_tokens." + name);
+        MOP_USER_CHECK(v >= 0 && v < INT32_MAX, twhere, ": id ", v, " of '", name,
+                       "' is out of range");
+        (num_a ? after : before).push_back(int32_t(v));
+      }
+    } else if (const Json* seq = piece.find("Sequence")) {
+      const std::string& id = seq->at("id", twhere).as_string(twhere + ".single");
+      if (id != "A")
+        unsupported(
+            src,
+            "post_processor TemplateProcessing with Sequence " + id + " in its single template",
+            "only Sequence A is");
+      ++num_a;
+    } else {
+      throw_user_error(twhere, ".single: expected SpecialToken or Sequence entries");
+    }
   }
-  if (!added.empty())
-    unsupported(src, "post_processor TemplateProcessing that adds " + added,
-                "encode() gives the text's ids only; add such tokens with token_id()");
+  MOP_USER_CHECK(num_a == 1, twhere, ".single: expected Sequence A once, found it ", num_a,
+                 " times");
+  prefix.insert(prefix.begin(), before.begin(), before.end());
+  suffix.insert(suffix.end(), after.begin(), after.end());
 }
 
 }  // namespace
@@ -439,8 +833,8 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view sour
   const std::string model_type = type_of(model, src + ": model");
   if (model_type != "BPE") unsupported(src, "model type " + model_type, "only BPE is");
   const std::string mwhere = src + ": model";
-  if (flag(model, "byte_fallback", false, mwhere)) unsupported(src, "model.byte_fallback true");
-  if (flag(model, "fuse_unk", false, mwhere)) unsupported(src, "model.fuse_unk true");
+  t.byte_fallback = flag(model, "byte_fallback", false, mwhere);
+  t.fuse_unk = flag(model, "fuse_unk", false, mwhere);
   if (const Json* d = model.find("dropout"); d && !d->is_null())
     unsupported(src, "model.dropout (BPE dropout)");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
@@ -461,6 +855,12 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view sour
     auto it = t.vocab.find(u);
     MOP_USER_CHECK(it != t.vocab.end(), mwhere, ".unk_token '", u, "' is not in the vocab");
     t.unk_id = it->second;
+  }
+  for (int b = 0; b < 256; ++b) {
+    static constexpr char kHex[] = "0123456789ABCDEF";
+    const std::string name = std::string("<0x") + kHex[b >> 4] + kHex[b & 15] + ">";
+    auto it = t.vocab.find(name);
+    t.byte_token[size_t(b)] = it == t.vocab.end() ? -1 : it->second;
   }
   const auto& merges = model.at("merges", mwhere).as_array(mwhere + ".merges");
   for (size_t rank = 0; rank < merges.size(); ++rank) {
@@ -486,7 +886,11 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view sour
     t.merges.emplace(key, std::pair{int32_t(rank), iab->second});  // the first rank wins
   }
 
-  // added tokens
+  // normalizer
+  if (const Json* n = root.find("normalizer"); n && !n->is_null())
+    read_normalizer(*n, src, t.normalizers);
+
+  // added tokens; the normalized ones are matched in their normalized form
   if (const Json* list = root.find("added_tokens"); list && !list->is_null()) {
     const auto& arr = list->as_array(src + ": added_tokens");
     for (size_t i = 0; i < arr.size(); ++i) {
@@ -501,6 +905,8 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view sour
       a.lstrip = flag(arr[i], "lstrip", false, where);
       a.rstrip = flag(arr[i], "rstrip", false, where);
       a.normalized = flag(arr[i], "normalized", !a.special, where);
+      a.pattern = a.normalized ? t.normalize(a.content) : a.content;
+      MOP_USER_CHECK(!a.pattern.empty(), where, ": the content normalizes to nothing");
       if (flag(arr[i], "single_word", false, where))
         unsupported(src, "added token '" + a.content + "' with single_word true");
       max_id = std::max(max_id, a.id);
@@ -510,65 +916,73 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view sour
   }
   t.index_added();
 
-  // normalizer
-  if (const Json* n = root.find("normalizer"); n && !n->is_null()) {
-    const std::string type = type_of(*n, src + ": normalizer");
-    if (type != "NFC") unsupported(src, "normalizer " + type, "only null and NFC are");
-    t.nfc = true;
-  }
-
-  // pre-tokenizer: ByteLevel, or Sequence[Split..., ByteLevel(use_regex=false)]
-  const Json* pre = root.find("pre_tokenizer");
-  if (!pre || pre->is_null())
-    unsupported(src, "pre_tokenizer null (byte-level BPE needs ByteLevel)");
-  std::vector<const Json*> stages;
-  if (type_of(*pre, src + ": pre_tokenizer") == "Sequence") {
-    for (const Json& s : pre->at("pretokenizers", src + ": pre_tokenizer").as_array(src))
-      stages.push_back(&s);
-  } else {
-    stages.push_back(pre);
-  }
-  for (size_t i = 0; i < stages.size(); ++i) {
-    const Json& s = *stages[i];
-    const std::string where = src + ": pre_tokenizer";
-    const std::string type = type_of(s, where);
-    const bool last = i + 1 == stages.size();
-    if (type == "Split" && !last) {
-      const std::string behavior = s.at("behavior", where).as_string(where + ".behavior");
-      if (behavior != "Isolated") unsupported(src, "pre_tokenizer Split behavior " + behavior);
-      if (flag(s, "invert", false, where)) unsupported(src, "pre_tokenizer Split with invert true");
-      const Json& pattern = s.at("pattern", where);
-      const Json* regex = pattern.find("Regex");
-      if (!regex) unsupported(src, "pre_tokenizer Split with a String pattern (only Regex is)");
-      t.splits.push_back(compile_regex(regex->as_string(where), where + " Split"));
-    } else if (type == "ByteLevel" && last) {
-      t.add_prefix_space = flag(s, "add_prefix_space", true, where);
-      if (flag(s, "use_regex", true, where))
-        t.byte_level_regex = compile_regex(kGpt2Regex, where + " ByteLevel");
-    } else if (type == "Split" || type == "ByteLevel") {
-      unsupported(src, "pre_tokenizer " + type + " in this position",
-                  "supported: ByteLevel, or a Sequence of Split stages ending in ByteLevel");
+  // pre-tokenizer: null, Metaspace, ByteLevel, or Sequence[Split..., ByteLevel(use_regex=false)]
+  const std::string kPreHint =
+      "supported: null, Metaspace, ByteLevel, or a Sequence of Split stages ending in ByteLevel";
+  if (const Json* pre = root.find("pre_tokenizer"); pre && !pre->is_null()) {
+    const std::string pwhere = src + ": pre_tokenizer";
+    const std::string top = type_of(*pre, pwhere);
+    std::vector<const Json*> stages;
+    if (top == "Metaspace") {
+      t.pre = PreTokenizer::Metaspace;
+      t.metaspace = read_metaspace(*pre, pwhere + " Metaspace");
+    } else if (top == "Sequence") {
+      for (const Json& s : pre->at("pretokenizers", pwhere).as_array(pwhere + ".pretokenizers"))
+        stages.push_back(&s);
     } else {
-      unsupported(src, "pre_tokenizer " + type,
-                  "supported: ByteLevel, or a Sequence of Split stages ending in ByteLevel");
+      stages.push_back(pre);
+    }
+    for (size_t i = 0; i < stages.size(); ++i) {
+      const Json& s = *stages[i];
+      const std::string type = type_of(s, pwhere);
+      const bool last = i + 1 == stages.size();
+      if (type == "Split" && !last) {
+        const std::string behavior = s.at("behavior", pwhere).as_string(pwhere + ".behavior");
+        if (behavior != "Isolated") unsupported(src, "pre_tokenizer Split behavior " + behavior);
+        if (flag(s, "invert", false, pwhere))
+          unsupported(src, "pre_tokenizer Split with invert true");
+        const Json& pattern = s.at("pattern", pwhere);
+        const Json* regex = pattern.find("Regex");
+        if (!regex) unsupported(src, "pre_tokenizer Split with a String pattern (only Regex is)");
+        t.splits.push_back(compile_regex(regex->as_string(pwhere), pwhere + " Split"));
+      } else if (type == "ByteLevel" && last) {
+        t.pre = PreTokenizer::ByteLevel;
+        t.add_prefix_space = flag(s, "add_prefix_space", true, pwhere);
+        if (flag(s, "use_regex", true, pwhere))
+          t.byte_level_regex = compile_regex(kGpt2Regex, pwhere + " ByteLevel");
+      } else if (type == "Split" || type == "ByteLevel" || type == "Metaspace") {
+        unsupported(src, "pre_tokenizer " + type + " in this position", kPreHint);
+      } else {
+        unsupported(src, "pre_tokenizer " + type, kPreHint);
+      }
     }
   }
 
   // decoder and post-processor
   if (const Json* d = root.find("decoder"); d && !d->is_null()) {
-    const std::string type = type_of(*d, src + ": decoder");
-    if (type != "ByteLevel") unsupported(src, "decoder " + type, "only null and ByteLevel are");
+    t.decoders.emplace();
+    read_decoder(*d, src, *t.decoders);
   }
   if (const Json* p = root.find("post_processor"); p && !p->is_null())
-    check_post_processor(*p, src);
+    read_post_processor(*p, src, t.prefix, t.suffix);
 
   t.id_to_token.assign(size_t(max_id) + 1, std::string());
   t.is_special.assign(size_t(max_id) + 1, false);
   for (const auto& [token, id] : t.vocab) t.id_to_token[size_t(id)] = token;
+  // Decoding spells an added token as it is matched (a normalized one in its normalized form),
+  // and skip_special drops the ids whose spelling is a special token's content (so not a special
+  // token that normalization changed), as the package does.
+  std::unordered_set<std::string> special_contents;
   for (const AddedToken& a : t.added) {
-    t.id_to_token[size_t(a.id)] = a.content;
-    t.is_special[size_t(a.id)] = a.special;
+    t.id_to_token[size_t(a.id)] = a.pattern;
+    if (a.special) special_contents.insert(a.content);
   }
+  for (size_t id = 0; id < t.id_to_token.size(); ++id)
+    t.is_special[id] = special_contents.count(t.id_to_token[id]) > 0;
+  for (const auto* ids : {&t.prefix, &t.suffix})
+    for (int32_t id : *ids)
+      MOP_USER_CHECK(size_t(id) < t.id_to_token.size() && !t.id_to_token[size_t(id)].empty(), src,
+                     ": post_processor: the template's id ", id, " is not in the vocabulary");
   const std::vector<uint32_t> alphabet = bytes_to_unicode();
   t.byte_char.resize(256);
   for (uint32_t b = 0; b < 256; ++b) {
@@ -580,7 +994,7 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view sour
 
 // ---- encode / decode -----------------------------------------------------------------------
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
   const Impl& t = *impl_;
   for (size_t i = 0; i < text.size();) {
     const int len = utf8_seq_len(text, i);
@@ -588,6 +1002,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
     i += size_t(len);
   }
   std::vector<int32_t> ids;
+  if (add_special_tokens) ids = t.prefix;
   std::vector<Segment> raw, norm;
   t.split_added(text, /*normalized_pass=*/false, raw);
   for (const Segment& r : raw) {
@@ -602,44 +1017,32 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
       if (n.added_id >= 0)
         ids.push_back(n.added_id);
       else
-        t.pre_tokenize(n.text, ids);
+        t.pre_tokenize(n.text, r.text.data() == text.data() && n.text.data() == normalized.data(),
+                       ids);
     }
   }
+  if (add_special_tokens) ids.insert(ids.end(), t.suffix.begin(), t.suffix.end());
   return ids;
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
   const Impl& t = *impl_;
-  std::string bytes;
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
   for (int32_t id : ids) {
     MOP_USER_CHECK(
         id >= 0 && size_t(id) < t.id_to_token.size() && !t.id_to_token[size_t(id)].empty(),
         t.source, ": decode: id ", id, " is not in the vocabulary");
     if (skip_special && t.is_special[size_t(id)]) continue;
-    const std::string& token = t.id_to_token[size_t(id)];
-    // ByteLevel decoder: a token wholly in the alphabet gives its bytes, any other its UTF-8.
-    std::string mapped;
-    bool in_alphabet = true;
-    for (size_t i = 0; i < token.size() && in_alphabet;) {
-      const int len = utf8_seq_len(token, i);
-      auto it = len > 0 ? t.char_byte.find(decode_utf8_at(token, i, len)) : t.char_byte.end();
-      in_alphabet = it != t.char_byte.end();
-      if (in_alphabet) mapped += char(it->second);
-      i += size_t(std::abs(len));
-    }
-    bytes += in_alphabet ? mapped : token;
+    tokens.push_back(t.id_to_token[size_t(id)]);
   }
-  // String::from_utf8_lossy: each maximal invalid prefix becomes one U+FFFD.
   std::string out;
-  out.reserve(bytes.size());
-  for (size_t i = 0; i < bytes.size();) {
-    const int len = utf8_seq_len(bytes, i);
-    if (len > 0)
-      out.append(bytes, i, size_t(len));
-    else
-      append_utf8(out, 0xFFFD);
-    i += size_t(std::abs(len));
+  if (!t.decoders) {  // no decoder: the package joins the tokens with spaces
+    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
+    return out;
   }
+  for (const DecoderStep& d : *t.decoders) t.run_decoder(d, tokens);
+  for (const std::string& token : tokens) out += token;
   return out;
 }
 
@@ -652,6 +1055,14 @@ std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
   if (auto it = impl_->added_ids.find(key); it != impl_->added_ids.end()) return it->second;
   if (auto it = impl_->vocab.find(key); it != impl_->vocab.end()) return it->second;
   return std::nullopt;
+}
+
+const std::vector<int32_t>& Tokenizer::prefix_ids() const {
+  return impl_->prefix;
+}
+
+const std::vector<int32_t>& Tokenizer::suffix_ids() const {
+  return impl_->suffix;
 }
 
 }  // namespace mop

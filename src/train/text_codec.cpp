@@ -25,7 +25,7 @@ TextCodec TextCodec::for_checkpoint(const std::string& dir, const Config& cfg) {
 }
 
 std::vector<int32_t> TextCodec::encode(std::string_view text) const {
-  if (tok_) return tok_->encode(text);
+  if (tok_) return tok_->encode(text, /*add_special_tokens=*/true);
   std::vector<int32_t> ids(text.size());
   for (size_t i = 0; i < text.size(); ++i) ids[i] = int32_t(uint8_t(text[i]));
   return ids;
