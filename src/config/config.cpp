@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -69,6 +70,21 @@ std::string shortest_double(double v) {
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
   return s;
 }
+
+}  // namespace
+
+std::string growth_text(const std::vector<GrowthStage>& stages) {
+  std::string out = "[";
+  for (const GrowthStage& st : stages) {
+    out += (out.size() > 1 ? ", {experts: " : "{experts: ") + std::to_string(st.experts);
+    if (st.tokens > 0) out += ", tokens: " + shortest_double(st.tokens);
+    if (st.steps > 0) out += ", steps: " + std::to_string(st.steps);
+    out += "}";
+  }
+  return out + "]";
+}
+
+namespace {
 
 class Loader {
  public:
@@ -223,6 +239,39 @@ class Loader {
         }
         break;
       }
+      case FieldSpec::Kind::GrowthStages: {
+        auto& out = *static_cast<std::vector<GrowthStage>*>(f.ptr);
+        out.clear();
+        if (node.IsNull() || (node.IsScalar() && node.Scalar().empty())) break;
+        if (!node.IsSequence()) bad("expected a list of stages, e.g. [{experts: 8, tokens: 2e9}, {experts: 16}]");
+        for (size_t i = 0; i < node.size(); ++i) {
+          const YAML::Node& item = node[i];
+          const std::string at = "stage " + std::to_string(i + 1) + ": ";
+          if (!item.IsMap()) bad(at + "expected a mapping {experts: N, tokens: T} or {experts: N, steps: S}");
+          GrowthStage st;
+          bool has_experts = false;
+          for (const auto& kv : item) {
+            const std::string key = kv.first.Scalar();
+            const std::string v = kv.second.IsScalar() ? kv.second.Scalar() : std::string();
+            double d = 0;
+            if (key != "experts" && key != "tokens" && key != "steps")
+              bad(at + "unknown key '" + key + "' (a stage has experts and one of tokens, steps)");
+            if (!parse_float(v, d)) bad(at + key + ": expected a number, got '" + v + "'");
+            if (key == "tokens") {
+              if (d <= 0) bad(at + "tokens: " + v + " must be positive");
+              st.tokens = d;
+              continue;
+            }
+            if (d != std::floor(d) || d < 1 || d > 1e12) bad(at + key + ": expected a positive integer, got " + v);
+            (key == "experts" ? st.experts : st.steps) = int64_t(d);
+            has_experts = has_experts || key == "experts";
+          }
+          if (!has_experts) bad(at + "no experts");
+          if (st.tokens > 0 && st.steps > 0) bad(at + "give tokens or steps, not both");
+          out.push_back(st);
+        }
+        break;
+      }
     }
   }
 
@@ -251,6 +300,53 @@ int64_t checked_mul(int64_t a, int64_t b, const char* what) {
   int64_t r;
   if (__builtin_mul_overflow(a, b, &r)) throw_user_error(what, " overflows a 64-bit integer");
   return r;
+}
+
+// moe.growth / moe.growth_from, as far as one config shows them: a stage's config (a checkpoint's)
+// has the stage's expert count as moe.num_experts, so that it need only be one of the stages'.
+void validate_growth(const Config& c) {
+  const auto& e = c.moe;
+  if (e.growth_from > 0) {
+    MOP_USER_CHECK(e.growth.empty(), "moe.growth_from and moe.growth: give one of them");
+    MOP_USER_CHECK(e.num_experts % e.growth_from == 0 && e.num_experts > e.growth_from &&
+                       std::has_single_bit(uint64_t(e.num_experts / e.growth_from)),
+                   "moe.growth_from: ", e.growth_from, " experts do not double up to moe.num_experts (",
+                   e.num_experts, ")");
+    MOP_USER_CHECK(e.top_k <= e.growth_from, "moe.top_k: ", e.top_k, " exceeds the first stage's ",
+                   e.growth_from, " experts (moe.growth_from)");
+    return;
+  }
+  if (e.growth.empty()) return;
+  const int64_t tokens_per_step = c.train.global_batch_size * c.data.seq_len;
+  double tokens = 0;
+  int64_t steps = 0;
+  bool found = false;
+  for (size_t i = 0; i < e.growth.size(); ++i) {
+    const GrowthStage& st = e.growth[i];
+    const std::string at = "moe.growth: stage " + std::to_string(i + 1) + " (" + std::to_string(st.experts) + " experts)";
+    if (i > 0) {
+      const int64_t before = e.growth[i - 1].experts;
+      MOP_USER_CHECK(st.experts > before && st.experts % before == 0, at, " is not a multiple of stage ", i,
+                     "'s ", before, " experts (each expert grows into a whole number of copies)");
+    }
+    MOP_USER_CHECK(st.tokens > 0 || st.steps > 0 || i + 1 == e.growth.size(), at,
+                   ": no budget (tokens or steps); only the last stage may leave it out");
+    found = found || st.experts == e.num_experts;
+    tokens += st.tokens > 0 ? st.tokens : double(st.steps) * double(tokens_per_step);
+    steps = int64_t(std::llround(tokens / double(tokens_per_step)));
+    if (i + 1 < e.growth.size())
+      MOP_USER_CHECK(steps < c.train.steps, at, " ends at step ", steps, " (", tokens, " tokens at ",
+                     tokens_per_step, " per step), not before train.steps (", c.train.steps, ")");
+  }
+  MOP_USER_CHECK(e.top_k <= e.growth.front().experts, "moe.top_k: ", e.top_k, " exceeds the first stage's ",
+                 e.growth.front().experts, " experts (moe.growth)");
+  MOP_USER_CHECK(found, "moe.growth: no stage has moe.num_experts (", e.num_experts, ") experts; the last "
+                 "stage's count is the model's");
+  const GrowthStage& last = e.growth.back();
+  if (last.tokens > 0 || last.steps > 0)
+    MOP_USER_CHECK(steps == c.train.steps, "moe.growth: the stages add up to ", steps, " steps (", tokens,
+                   " tokens at ", tokens_per_step, " per step), train.steps is ", c.train.steps,
+                   "; make them agree, or leave out the last stage's budget (it takes the rest)");
 }
 
 void validate(const Config& c) {
@@ -283,6 +379,7 @@ void validate(const Config& c) {
                      m.num_heads % a.cp != 0 || m.num_kv_heads % a.cp != 0,
                  "train.keep_attention: Ulysses attention (parallel.attention.cp ", a.cp,
                  ") recomputes its attention; set parallel.attention.impl: ring, or train.keep_attention: 0");
+  validate_growth(c);
   MOP_USER_CHECK(c.optim.min_lr <= c.optim.lr, "optim.min_lr: ", c.optim.min_lr,
                  " exceeds optim.lr (", c.optim.lr, ")");
   MOP_USER_CHECK(c.data.eos_id < m.vocab_size, "data.eos_id: ", c.data.eos_id,
@@ -345,6 +442,11 @@ void validate_parallel(const Config& c, int world_size) {
                  m.ep * m.dp, " must equal the number of ranks (", world_size, ")");
   MOP_USER_CHECK(c.moe.num_experts % m.ep == 0, "parallel.moe.ep: ", m.ep,
                  " does not divide moe.num_experts (", c.moe.num_experts, ")");
+  for (const GrowthStage& st : c.moe.growth)
+    MOP_USER_CHECK(st.experts % m.ep == 0, "parallel.moe.ep: ", m.ep, " does not divide the ", st.experts,
+                   " experts of a moe.growth stage (every stage's experts are sharded over the ep ranks)");
+  MOP_USER_CHECK(c.moe.growth_from % m.ep == 0, "parallel.moe.ep: ", m.ep, " does not divide moe.growth_from (",
+                 c.moe.growth_from, ")");
   int64_t per_step = c.train.micro_batch_size * a.dp;
   MOP_USER_CHECK(c.train.global_batch_size % per_step == 0, "train.global_batch_size: ",
                  c.train.global_batch_size, " is not a multiple of train.micro_batch_size (",
@@ -382,6 +484,17 @@ std::string dump_config(const Config& cfg) {
         out << YAML::EndSeq;
         break;
       }
+      case FieldSpec::Kind::GrowthStages: {
+        out << YAML::Flow << YAML::BeginSeq;
+        for (const GrowthStage& st : *static_cast<std::vector<GrowthStage>*>(f.ptr)) {
+          out << YAML::Flow << YAML::BeginMap << YAML::Key << "experts" << YAML::Value << st.experts;
+          if (st.tokens > 0) out << YAML::Key << "tokens" << YAML::Value << shortest_double(st.tokens);
+          if (st.steps > 0) out << YAML::Key << "steps" << YAML::Value << st.steps;
+          out << YAML::EndMap;
+        }
+        out << YAML::EndSeq;
+        break;
+      }
     }
   }
   while (!open.empty()) out << YAML::EndMap, open.pop_back();
@@ -401,6 +514,7 @@ std::string config_reference_markdown() {
       case FieldSpec::Kind::Bool: def = *static_cast<bool*>(f.ptr) ? "true" : "false"; break;
       case FieldSpec::Kind::String: def = "\"" + *static_cast<std::string*>(f.ptr) + "\""; break;
       case FieldSpec::Kind::StringList: def = "[]"; break;
+      case FieldSpec::Kind::GrowthStages: def = "[]"; break;
     }
     std::string type = kind_name(f.kind);
     if (!f.choices.empty()) {

@@ -25,6 +25,18 @@ struct ModelConfig {
   double init_std = 0.02;
 };
 
+// One stage of progressive expert growth (moe.growth): each MoE layer's expert count during it and
+// its budget, in tokens or in steps (0: not given; only the last stage may give neither: the rest
+// of the run).
+struct GrowthStage {
+  int64_t experts = 0;
+  double tokens = 0;
+  int64_t steps = 0;
+  bool operator==(const GrowthStage&) const = default;
+};
+// "[{experts: 8, tokens: 2e+09}, {experts: 16, steps: 100}]" (YAML flow style).
+std::string growth_text(const std::vector<GrowthStage>& stages);
+
 struct MoeConfig {
   int64_t num_experts = 8;
   int64_t top_k = 2;
@@ -35,6 +47,13 @@ struct MoeConfig {
   int64_t dense_ffn = 0;  // FFN width of the dense layers; 0: expert_ffn · top_k
   double aux_loss_coef = 1e-3;
   double z_loss_coef = 0;
+  // Progressive expert growth (train/growth.h): stages, or the doubling schedule from
+  // growth_from experts; the copies' router rows get noise of this relative scale; their
+  // optimizer moments are copied from the source expert or start at zero (copy | fresh).
+  std::vector<GrowthStage> growth;
+  int64_t growth_from = 0;
+  double growth_noise = 0.01;
+  std::string growth_optimizer = "copy";
 };
 
 // The same N ranks folded two ways: attention as cp × dp, the MoE feed-forward as ep × dp.

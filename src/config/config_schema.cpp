@@ -38,6 +38,7 @@ struct SchemaBuilder {
   void l(const char* path, std::vector<std::string>& v, const char* doc) {
     add(path, K::StringList, &v, doc);
   }
+  void g(const char* path, std::vector<GrowthStage>& v, const char* doc) { add(path, K::GrowthStages, &v, doc); }
 };
 
 constexpr double kMaxDim = 1 << 20;      // hidden sizes, FFN widths
@@ -53,6 +54,7 @@ const char* kind_name(FieldSpec::Kind kind) {
     case K::Bool: return "bool";
     case K::String: return "string";
     case K::StringList: return "list of strings";
+    case K::GrowthStages: return "list of {experts, tokens \\| steps}";
   }
   return "?";
 }
@@ -82,6 +84,10 @@ std::vector<FieldSpec> config_schema(Config& c) {
   s.i("moe.dense_ffn", e.dense_ffn, 0, kMaxDim, "FFN width of the dense layers; 0: expert_ffn × top_k.");
   s.f("moe.aux_loss_coef", e.aux_loss_coef, 0, 1e3, "Weight of the load-balancing loss (averaged over MoE layers).");
   s.f("moe.z_loss_coef", e.z_loss_coef, 0, 1e3, "Weight of the router z-loss (mean squared log-sum-exp of router logits).");
+  s.g("moe.growth", e.growth, "Progressive expert growth: train with few experts and grow the pool in stages, e.g. [{experts: 8, tokens: 2e9}, {experts: 16, tokens: 4e9}, {experts: 32}]. Each stage's experts are a multiple of the previous stage's (each expert becomes that many copies of itself: weights copied, router rows copied with moe.growth_noise), the last stage's are moe.num_experts; budgets in tokens or steps add up to train.steps (the last stage may give none: the rest of the run). A checkpoint is written at every stage boundary and holds the grown model.");
+  s.i("moe.growth_from", e.growth_from, 0, 65536, "Shorthand for moe.growth: double the experts from this count to moe.num_experts, every stage training each of its experts on the same number of tokens (stage i of n gets 2^i / (2^n − 1) of the run). 0: no growth (or moe.growth's stages).");
+  s.f("moe.growth_noise", e.growth_noise, 0, 10, "Growth: the router rows of an expert's new copies (all but the first) get Gaussian noise of this standard deviation relative to the row's RMS, seeded by train.seed; 0: exact copies.");
+  s.s("moe.growth_optimizer", e.growth_optimizer, {"copy", "fresh"}, "Growth: the Adam moments of the experts after a growth are copied from their source expert (copy) or start at zero (fresh; the update count stays the run's).");
 
   auto& p = c.parallel;
   s.i("parallel.attention.cp", p.attention.cp, 1, 1 << 20, "Attention: ranks the sequence is sharded over.");

@@ -10,10 +10,11 @@
 namespace mop {
 
 struct FieldSpec {
-  enum class Kind { Int, Float, Bool, String, StringList };
+  enum class Kind { Int, Float, Bool, String, StringList, GrowthStages };
   std::string path;  // "moe.top_k"
   Kind kind = Kind::Int;
-  void* ptr = nullptr;  // int64_t*, double*, bool*, std::string*, std::vector<std::string>*
+  // int64_t*, double*, bool*, std::string*, std::vector<std::string>*, std::vector<GrowthStage>*
+  void* ptr = nullptr;
   std::string doc;
   double min = 0, max = 0;           // Int/Float: inclusive range
   std::vector<std::string> choices;  // String: allowed values (empty: any)

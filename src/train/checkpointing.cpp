@@ -45,6 +45,7 @@ std::string config_key_differences(const Config& saved, const Config& now,
           out += (out.size() > 1 ? ", " : "") + v;
         return out + "]";
       }
+      case FieldSpec::Kind::GrowthStages: return growth_text(*static_cast<std::vector<GrowthStage>*>(f.ptr));
     }
     return "?";
   };
@@ -52,7 +53,8 @@ std::string config_key_differences(const Config& saved, const Config& now,
   for (size_t i = 0; i < fa.size(); ++i) {
     bool wanted = false;
     for (const char* p : prefixes) wanted = wanted || fa[i].path.rfind(p, 0) == 0;
-    if (!wanted) continue;
+    // The growth schedule is not the model: a stage's expert count is moe.num_experts.
+    if (!wanted || fa[i].path.starts_with("moe.growth")) continue;
     const std::string va = text(fa[i]), vb = text(fb[i]);
     if (va != vb) out += (out.empty() ? "" : ", ") + fa[i].path + " " + va + " → " + vb;
   }

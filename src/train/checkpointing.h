@@ -44,7 +44,8 @@ std::optional<std::string> resolve_resume_dir(const Config& cfg);
 // The resolved config stored in a checkpoint's manifest.
 Config checkpoint_config(const std::string& dir);
 // Config keys under the given prefixes ("model.", "moe.") whose values differ between two configs:
-// "model.qk_norm true → false, moe.top_k 8 → 4" ("" when none).
+// "model.qk_norm true → false, moe.top_k 8 → 4" ("" when none). The moe.growth* schedule keys
+// are not compared (each stage's expert count is moe.num_experts).
 std::string config_key_differences(const Config& saved, const Config& now,
                                    std::initializer_list<const char*> prefixes);
 

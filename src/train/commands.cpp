@@ -21,6 +21,7 @@
 #include "plan/report.h"
 #include "plan/search.h"
 #include "train/checkpointing.h"
+#include "train/growth.h"
 #include "train/text_codec.h"
 #include "train/trainer.h"
 
@@ -77,38 +78,43 @@ int cmd_train(const TrainArgs& args, World& world) {
                      "this run a checkpoint.dir of its own, or set checkpoint.overwrite: true to replace it");
     }
   }
-  Trainer trainer(std::move(cfg), world);
-  if (replace)
-    for (const CheckpointInfo& c : list_checkpoints(trainer.config().checkpoint.dir)) {
-      spdlog::warn("checkpoint.overwrite: removing the earlier run's {}", c.dir.string());
-      std::filesystem::remove_all(c.dir);
-    }
-  // The configuration as planned (train.plan: auto writes its choices in).
-  spdlog::info("resolved config:\n{}", dump_config(trainer.config()));
-  // Written with the run's first checkpoint (or at its end), so that a run refused on the way (bad
-  // data, say) leaves the directory's earlier file alone.
-  if (world.is_root())
-    trainer.set_on_started([&trainer] {
-      const std::string path = trainer.config().checkpoint.dir + "/config.resolved.yaml";
-      write_file_atomic(path, dump_config(trainer.config()));
-      spdlog::info("resolved config written to {}", path);
-    });
-  trainer.run();
-  spdlog::info("done at step {}", trainer.step());
+  const int64_t final_experts = cfg.moe.num_experts, total_steps = cfg.train.steps;
+  const RunOutcome out = train_run(std::move(cfg), world, [&](Trainer& trainer, bool first) {
+    if (!first) return;
+    if (replace)
+      for (const CheckpointInfo& c : list_checkpoints(trainer.config().checkpoint.dir)) {
+        spdlog::warn("checkpoint.overwrite: removing the earlier run's {}", c.dir.string());
+        std::filesystem::remove_all(c.dir);
+      }
+    // The configuration as planned (train.plan: auto writes its choices in).
+    spdlog::info("resolved config:\n{}", dump_config(trainer.config()));
+    // Written with the run's first checkpoint (or at its end), so that a run refused on the way
+    // (bad data, say) leaves the directory's earlier file alone. With moe.growth it names the
+    // run's experts, not the first stage's.
+    if (world.is_root())
+      trainer.set_on_started([&trainer, final_experts] {
+        Config c = trainer.config();
+        c.moe.num_experts = final_experts;
+        const std::string path = c.checkpoint.dir + "/config.resolved.yaml";
+        write_file_atomic(path, dump_config(c));
+        spdlog::info("resolved config written to {}", path);
+      });
+  });
+  spdlog::info("done at step {}", out.step);
   // SIGUSR1 is a preemption notice (Slurm's --signal=USR1@N, scancel --signal=USR1): under Slurm
   // the job goes back to the queue and resumes from the checkpoint just written. SIGTERM and SIGINT
   // only stop.
   const std::string job = slurm_job_id();
-  if (trainer.stop_signal() == SIGUSR1 && !job.empty() && world.is_root() &&
-      trainer.step() < trainer.config().train.steps) {
+  if (out.stop_signal == SIGUSR1 && !job.empty() && world.is_root() &&
+      out.step < total_steps) {
     lock = DirLock();  // released: the requeued job takes the directory over
     const std::string why = requeue_slurm_job(job);
     if (why.empty())
       spdlog::info("SIGUSR1 (a preemption notice): requeued Slurm job {}; it resumes from step {}",
-                   job, trainer.step());
+                   job, out.step);
     else
       spdlog::warn("SIGUSR1 (a preemption notice): could not requeue Slurm job {} ({}); resubmit it "
-                   "to resume from step {}", job, why, trainer.step());
+                   "to resume from step {}", job, why, out.step);
   }
   return 0;
 }
@@ -126,6 +132,23 @@ Machine planning_machine(const Config& cfg, const std::string& file, int nodes, 
 }
 
 }  // namespace
+
+// One line per moe.growth stage: its experts, steps and what its plan predicts ("" without growth;
+// a run's config whose stages do not end at moe.num_experts is a UserError).
+std::string growth_plan_text(const Config& cfg, const Machine& machine, int world) {
+  const GrowthSchedule g = growth_schedule(cfg);
+  std::string out;
+  for (int s = 0; s < g.stages(); ++s) {
+    const Plan p = make_plan(stage_config(cfg, g, s), machine, world, /*check_fit=*/false);
+    out += fmt::format("growth stage {} of {}: {} experts, steps {}–{}: predicted step {:.4g} ms ({:.0f} tokens/s), "
+                       "{} on the {}, optimizer state of {} parameters on the host\n",
+                       s + 1, g.stages(), g.experts[size_t(s)], s ? g.end_step[size_t(s - 1)] + 1 : 1,
+                       g.end_step[size_t(s)], 1e3 * p.time.step, p.time.tokens_per_second(p),
+                       format_bytes(double(p.memory.device_total())), device_name(p.run.device),
+                       human_count(double(p.host_params)));
+  }
+  return out;
+}
 
 int cmd_validate(const ValidateArgs& args) {
   Config cfg = load_config(args.config, args.overrides);
@@ -153,6 +176,7 @@ int cmd_validate(const ValidateArgs& args) {
               format_bytes(double(mem.host_total())).c_str());
   const std::string overflow = plan_overflow(plan);
   if (!overflow.empty()) std::printf("warning: %s\n", overflow.c_str());
+  std::printf("%s", growth_plan_text(cfg, machine, world).c_str());
   if (cfg.data.paths.empty()) {
     std::printf("data: none given (data.paths)\n");
   } else {
@@ -204,7 +228,7 @@ int cmd_plan(const PlanArgs& args) {
   if (args.json)
     std::printf("%s\n", plan_json(plan).dump(2).c_str());
   else
-    std::printf("%s", plan_text(plan).c_str());
+    std::printf("%s%s", plan_text(plan).c_str(), growth_plan_text(cfg, machine, world).c_str());
   const std::string overflow = plan_overflow(plan);
   MOP_USER_CHECK(overflow.empty(), overflow);
   return 0;

@@ -95,7 +95,41 @@ Config planned_config(const Config& cfg, const Machine& machine, int world) {
   return r.feasible.front().plan.cfg;
 }
 
-Trainer::Trainer(Config cfg, World& world) : cfg_(std::move(cfg)), world_(world) { build(); }
+Trainer::Trainer(Config cfg, World& world) : world_(world) {
+  growth_ = growth_schedule(cfg);
+  if (!growth_.empty()) {
+    // The stage of the checkpoint this run starts from (a boundary step's is the next stage's).
+    const std::optional<std::string> from = resolve_resume_dir(cfg);
+    const int64_t step = from ? read_manifest(*from).step : 0;
+    stage_ = growth_.stage_at(step);
+    const int64_t want = growth_.experts[size_t(stage_)];
+    if (from) {
+      const int64_t has = checkpoint_config(*from).moe.num_experts;
+      // Saved at a boundary but not yet grown (the job ended in between): grow it now.
+      if (has != want && stage_ > 0 && growth_.is_boundary(step) && has == growth_.experts[size_t(stage_ - 1)]) {
+        if (world_.is_root()) {
+          spdlog::warn("growth: {} was saved at the end of stage {} but not grown; growing it", *from, stage_);
+          grow_checkpoint(*from, {want, cfg.moe.growth_noise, cfg.moe.growth_optimizer == "copy",
+                                  uint64_t(cfg.train.seed)});
+        }
+        world_.comm->barrier();
+      } else {
+        MOP_USER_CHECK(has == want, "checkpoint ", *from, " at step ", step, " has ", has, " experts per MoE "
+                       "layer; moe.growth has ", want, " at that step (stage ", stage_ + 1, " of ",
+                       growth_.stages(), "): resume with the schedule that wrote it");
+      }
+    }
+    const int64_t first = stage_ ? growth_.end_step[size_t(stage_ - 1)] + 1 : 1;
+    spdlog::info("growth: stage {} of {}: {} experts per MoE layer for steps {}–{}{}", stage_ + 1,
+                 growth_.stages(), want, first, growth_.end_step[size_t(stage_)],
+                 stage_ + 1 < growth_.stages()
+                     ? fmt::format(", then {}", growth_.experts[size_t(stage_ + 1)])
+                     : std::string());
+    cfg = stage_config(cfg, growth_, stage_);
+  }
+  cfg_ = std::move(cfg);
+  build();
+}
 
 Trainer::~Trainer() = default;
 
@@ -490,6 +524,13 @@ void Trainer::save_checkpoint() {
                                          tokenizer_ ? &*tokenizer_ : nullptr);
   last_saved_step_ = step_;
   spdlog::info("saved checkpoint {}", dir);
+  // At the end of a stage the checkpoint becomes the next stage's model.
+  if (growth_.is_boundary(step_)) {
+    if (world_.is_root())
+      grow_checkpoint(dir, {growth_.experts[size_t(stage_ + 1)], cfg_.moe.growth_noise,
+                            cfg_.moe.growth_optimizer == "copy", uint64_t(cfg_.train.seed)});
+    world_.comm->barrier();
+  }
 }
 
 StopSignals::StopSignals() {
@@ -553,11 +594,40 @@ void Trainer::run() {
       spdlog::info("train.exit_interval: exiting at step {}; resume with --resume auto", step_);
       break;
     }
+    if (growth_.is_boundary(step_)) {  // the next stage's Trainer resumes from this checkpoint
+      if (last_saved_step_ != step_) save_checkpoint();
+      grew_ = true;
+      break;
+    }
   }
   if (step_ == cfg_.train.steps && cfg_.checkpoint.save_final && last_saved_step_ != step_)
     save_checkpoint();
   schedule_->drain();  // the weights and the state are final for whoever reads them next
   if (on_started_) std::exchange(on_started_, nullptr)();  // a run that saved no checkpoint
+}
+
+RunOutcome train_run(Config cfg, World& world, const std::function<void(Trainer&, bool first)>& started) {
+  auto params_of = [](const Plan& p) { return double(ModelLayout::build(ModelDims::from(p.cfg)).num_params()); };
+  std::unique_ptr<Trainer> t;
+  for (bool first = true;; first = false) {
+    std::unique_ptr<Trainer> before = std::move(t);
+    Plan was;
+    if (before) was = before->plan();
+    const int64_t at = before ? before->step() : 0;
+    before.reset();  // its memory goes before the next stage's is allocated
+    t = std::make_unique<Trainer>(cfg, world);
+    if (!first) {
+      const Plan& now = t->plan();
+      spdlog::info("growth: step {}: {} → {} experts per MoE layer; parameters {:.4g}M → {:.4g}M, optimizer "
+                   "state on the host {:.4g}M → {:.4g}M parameters, predicted step {:.4g} → {:.4g} ms",
+                   at, was.cfg.moe.num_experts, now.cfg.moe.num_experts, params_of(was) / 1e6, params_of(now) / 1e6,
+                   was.host_params / 1e6, now.host_params / 1e6, 1e3 * was.time.step, 1e3 * now.time.step);
+    }
+    started(*t, first);
+    t->run();
+    if (!t->grew()) return {t->step(), t->stop_signal()};
+    cfg.checkpoint.resume = (std::filesystem::path(cfg.checkpoint.dir) / checkpoint_dir_name(t->step())).string();
+  }
 }
 
 }  // namespace mop

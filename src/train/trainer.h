@@ -23,6 +23,7 @@
 #include "plan/plan.h"
 #include "schedule/step.h"
 #include "schedule/streams.h"
+#include "train/growth.h"
 #include "train/metrics.h"
 
 namespace mop {
@@ -58,10 +59,17 @@ class StopSignals {
 
 class Trainer {
  public:
+  // With moe.growth, `cfg` is the run's (the last stage's experts): the Trainer builds the stage
+  // the checkpoint it starts from belongs to (stage 0 for a fresh start).
   Trainer(Config cfg, World& world);
   ~Trainer();
-  // Trains to train.steps (or until SIGTERM/SIGINT/SIGUSR1, after which it checkpoints and returns).
+  // Trains to train.steps (or until SIGTERM/SIGINT/SIGUSR1, after which it checkpoints and
+  // returns), or to the end of its moe.growth stage: then grew() and the checkpoint just written
+  // holds the next stage's model (train_run goes on from it).
   void run();
+  bool grew() const { return grew_; }
+  int growth_stage() const { return stage_; }
+  const GrowthSchedule& growth() const { return growth_; }
   // Called once, when this run first saves a checkpoint (or finishes without one): what a run
   // writes about itself, such as config.resolved.yaml, waits until it has something to show.
   void set_on_started(std::function<void()> f) { on_started_ = std::move(f); }
@@ -114,6 +122,9 @@ class Trainer {
   std::unique_ptr<StepSchedule> schedule_;  // before the optimizer and model in destruction
   std::unique_ptr<MetricsLog> metrics_;
   std::optional<TokenizerFiles> tokenizer_;  // saved into every checkpoint
+  GrowthSchedule growth_;  // empty without moe.growth
+  int stage_ = 0;
+  bool grew_ = false;
 
   int64_t step_ = 0;             // optimizer steps done
   int64_t consumed_samples_ = 0;  // global training samples consumed
@@ -127,5 +138,14 @@ class Trainer {
   size_t device_used_at_start_ = 0;
   std::function<void()> on_started_;
 };
+
+// A whole `mop train` run of `cfg`: one Trainer per moe.growth stage (one without growth), each
+// resuming from the grown checkpoint the one before wrote. `started` sees each Trainer before it
+// runs (first: the run's first). Returns the last Trainer's step and stop signal.
+struct RunOutcome {
+  int64_t step = 0;
+  int stop_signal = 0;
+};
+RunOutcome train_run(Config cfg, World& world, const std::function<void(Trainer&, bool first)>& started);
 
 }  // namespace mop

@@ -142,3 +142,55 @@ TEST_CASE("config: the reference lists every key", "[cpu][config]") {
                           "`data.paths`", "`train.steps`", "`checkpoint.dir`", "`log.interval`"})
     CHECK(ref.find(key) != std::string::npos);
 }
+
+TEST_CASE("config: moe.growth stages load, dump back and refuse what cannot run", "[cpu][config]") {
+  // 4 sequences × 32 tokens = 128 tokens per step; 10 steps.
+  const std::string rest = "data: {seq_len: 32}\ntrain: {steps: 10, global_batch_size: 4, micro_batch_size: 2}\n";
+  const std::string base = "moe: {num_experts: 8, top_k: 2}\n" + rest;
+  auto growth = [&](const std::string& stages) {
+    return rest + "moe: {num_experts: 8, top_k: 2, growth: " + stages + "}\n";
+  };
+  Config c = load_config_text(base, {"moe.growth=[{experts: 2, tokens: 384}, {experts: 4, steps: 3}, {experts: 8}]"});
+  REQUIRE(c.moe.growth.size() == 3);
+  CHECK(c.moe.growth[0] == GrowthStage{2, 384, 0});
+  CHECK(c.moe.growth[1] == GrowthStage{4, 0, 3});
+  CHECK(c.moe.growth[2] == GrowthStage{8, 0, 0});
+  CHECK(growth_text(c.moe.growth) == "[{experts: 2, tokens: 384.0}, {experts: 4, steps: 3}, {experts: 8}]");
+  Config back = load_config_text(dump_config(c));
+  CHECK(back.moe.growth == c.moe.growth);
+  // A stage's config (a checkpoint's) names that stage's experts.
+  CHECK(load_config_text(base, {"moe.num_experts=4", "moe.growth=[{experts: 2, steps: 3}, {experts: 4, steps: 3}, {experts: 8}]"})
+            .moe.num_experts == 4);
+
+  CHECK(error_of(base, {"moe.growth=[{experts: 2, steps: 3}, {experts: 3, steps: 3}, {experts: 8}]"}) ==
+        "moe.growth: stage 2 (3 experts) is not a multiple of stage 1's 2 experts (each expert grows into a "
+        "whole number of copies)");
+  CHECK(error_of(base, {"moe.growth=[{experts: 2, steps: 3}, {experts: 8, steps: 3}]"}) ==
+        "moe.growth: the stages add up to 6 steps (768 tokens at 128 per step), train.steps is 10; make them "
+        "agree, or leave out the last stage's budget (it takes the rest)");
+  CHECK(error_of(base, {"moe.growth=[{experts: 2}, {experts: 8}]"}) ==
+        "moe.growth: stage 1 (2 experts): no budget (tokens or steps); only the last stage may leave it out");
+  CHECK(error_of(base, {"moe.growth=[{experts: 2, steps: 10}, {experts: 8}]"}) ==
+        "moe.growth: stage 1 (2 experts) ends at step 10 (1280 tokens at 128 per step), not before train.steps (10)");
+  CHECK(error_of(base, {"moe.growth=[{experts: 2, steps: 3}, {experts: 4}]"}) ==
+        "moe.growth: no stage has moe.num_experts (8) experts; the last stage's count is the model's");
+  CHECK(error_of(base, {"moe.growth=[{experts: 1, steps: 3}, {experts: 8}]"}) ==
+        "moe.top_k: 2 exceeds the first stage's 1 experts (moe.growth)");
+  CHECK(error_of(growth("[{experts: 2, steps: 3, tokens: 5}, {experts: 8}]")) ==
+        "cfg.yaml:3: moe.growth: stage 1: give tokens or steps, not both");
+  CHECK(error_of(growth("[{experts: 2, step: 3}, {experts: 8}]")) ==
+        "cfg.yaml:3: moe.growth: stage 1: unknown key 'step' (a stage has experts and one of tokens, steps)");
+  CHECK(error_of(growth("[{steps: 3}, {experts: 8}]")) == "cfg.yaml:3: moe.growth: stage 1: no experts");
+  CHECK(error_of(growth("8")) ==
+        "cfg.yaml:3: moe.growth: expected a list of stages, e.g. [{experts: 8, tokens: 2e9}, {experts: 16}]");
+  CHECK(error_of(growth("[{experts: 2.5, steps: 3}, {experts: 8}]")) ==
+        "cfg.yaml:3: moe.growth: stage 1: experts: expected a positive integer, got 2.5");
+  CHECK(error_of(base, {"moe.growth_from=3"}) == "moe.growth_from: 3 experts do not double up to moe.num_experts (8)");
+  CHECK(error_of(base, {"moe.growth_from=2", "moe.growth=[{experts: 2, steps: 3}, {experts: 8}]"}) ==
+        "moe.growth_from and moe.growth: give one of them");
+  // Sharded experts: every stage's count divides by ep.
+  Config e = load_config_text(base + "parallel: {moe: {ep: 4}, attention: {dp: 4}}",
+                              {"moe.growth=[{experts: 2, steps: 3}, {experts: 8}]", "train.micro_batch_size=1"});
+  CHECK_THROWS_WITH(validate_parallel(e, 4), "parallel.moe.ep: 4 does not divide the 2 experts of a moe.growth stage "
+                                             "(every stage's experts are sharded over the ep ranks)");
+}

@@ -28,6 +28,7 @@
 #include "parallel/expert_dispatch.h"
 #include "parallel/mpi_comm.h"
 #include "train/train_test_util.h"
+#include "train/checkpointing.h"
 #include "train/trainer.h"
 
 using namespace mop;
@@ -496,5 +497,56 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
     }
     CHECK(bad == 0);
     MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE("trainer: moe.growth on N ranks equals 1 rank across its boundaries, for every ep", "[mpi]") {
+  const int N = world_size(), me = world_rank();
+  spdlog::set_level(spdlog::level::warn);
+  const test::SharedCorpus corpus = test::shared_corpus(40000);
+  const std::string& root = corpus.root;
+  // 4 → 8 → 16 experts (every stage divides by ep 4) over 5 steps, boundaries after steps 2 and 4.
+  auto yaml = [&](int ep, int world, const std::string& ckpt) {
+    return "model: {vocab_size: 257, hidden_size: 32, num_layers: 2, num_heads: 8, num_kv_heads: 4, "
+           "head_dim: 8, init_std: 0.1}\n"
+           "moe: {num_experts: 16, top_k: 2, expert_ffn: 16, aux_loss_coef: 0.05, growth_noise: 0.05, "
+           "growth: [{experts: 4, steps: 2}, {experts: 8, steps: 2}, {experts: 16}]}\n"
+           "optim: {lr: 0.01, warmup_steps: 0}\n"
+           "data: {paths: [" + root + "/corpus], seq_len: 32}\n"
+           "train: {steps: 5, global_batch_size: 4, micro_batch_size: 1, device: " +
+           std::string(on_gpu() ? "cuda" : "cpu") + "}\n"
+           "parallel: {attention: {dp: " + std::to_string(world) + "}, moe: {ep: " + std::to_string(ep) +
+           ", dp: " + std::to_string(world / ep) + "}}\n"
+           "checkpoint: {dir: " + ckpt + ", keep_last: 0}\nlog: {interval: 1}\n";
+  };
+  for (int ep : {1, 2, 4}) {
+    if (N % ep) continue;
+    INFO("N " << N << " ep " << ep);
+    World wn;
+    wn.rank = me, wn.size = N, wn.mpi = true, wn.local_rank = me;
+    wn.comm = make_mpi_comm(MPI_COMM_WORLD);
+    World w1;
+    w1.local_rank = me;
+    w1.comm = make_self_comm();
+    const std::string dn = root + "/growth_n_ep" + std::to_string(ep);
+    const std::string d1 = root + "/growth_one_" + std::to_string(me) + "_ep" + std::to_string(ep);
+    int stages_n = 0, stages_1 = 0;
+    const RunOutcome on = train_run(load_config_text(yaml(ep, N, dn)), wn, [&](Trainer&, bool) { ++stages_n; });
+    const RunOutcome o1 = train_run(load_config_text(yaml(1, 1, d1)), w1, [&](Trainer&, bool) { ++stages_1; });
+    CHECK(on.step == 5);
+    CHECK(o1.step == 5);
+    CHECK(stages_n == 3);
+    CHECK(stages_1 == 3);
+    MPI_Barrier(MPI_COMM_WORLD);  // every rank's 1-rank run is done before rank 0 reads and, at the end, deletes
+    if (me != 0) continue;
+    const auto a = test::read_metrics(dn + "/metrics.jsonl"), b = test::read_metrics(d1 + "/metrics.jsonl");
+    REQUIRE(a.size() == 5);
+    REQUIRE(b.size() == 5);
+    for (size_t i = 0; i < a.size(); ++i) {
+      INFO("step " << i + 1);
+      const double la = a[i].at("loss").as_double(), lb = b[i].at("loss").as_double();
+      CHECK(std::fabs(la - lb) <= 10 * kLossRelTol * lb);
+    }
+    CHECK(checkpoint_config(dn + "/step_5").moe.num_experts == 16);
   }
 }
