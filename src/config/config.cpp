@@ -308,7 +308,8 @@ void validate_growth(const Config& c) {
   const auto& e = c.moe;
   if (e.growth_from > 0) {
     MOP_USER_CHECK(e.growth.empty(), "moe.growth_from and moe.growth: give one of them");
-    MOP_USER_CHECK(e.num_experts % e.growth_from == 0 && e.num_experts > e.growth_from &&
+    // A stage's config (a checkpoint's) may hold growth_from experts itself.
+    MOP_USER_CHECK(e.num_experts % e.growth_from == 0 &&
                        std::has_single_bit(uint64_t(e.num_experts / e.growth_from)),
                    "moe.growth_from: ", e.growth_from, " experts do not double up to moe.num_experts (",
                    e.num_experts, ")");

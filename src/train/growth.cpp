@@ -37,6 +37,8 @@ GrowthSchedule growth_schedule(const Config& cfg) {
   GrowthSchedule g;
   const int64_t steps = cfg.train.steps;
   if (e.growth_from > 0) {
+    MOP_USER_CHECK(e.growth_from < e.num_experts, "moe.growth_from: ", e.growth_from,
+                   " is not fewer than moe.num_experts (", e.num_experts, "): nothing to grow");
     // Doubling; stage i of n trains on 2^i / (2^n - 1) of the run (each expert sees the same
     // number of tokens in every stage).
     for (int64_t x = e.growth_from; x <= e.num_experts; x *= 2) g.experts.push_back(x);

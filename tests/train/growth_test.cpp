@@ -69,6 +69,10 @@ TEST_CASE("growth: the schedule resolves budgets to steps; a run's config ends a
   CHECK(h.experts == std::vector<int64_t>{2, 4, 8});
   CHECK(h.end_step == std::vector<int64_t>{1, 4, 9});
   CHECK(growth_schedule(load_config_text(growth_yaml("d", "c", "", 8))).empty());
+  // The first stage's config (its checkpoints') holds growth_from experts; a run's may not.
+  CHECK(load_config_text(growth_yaml("d", "c", "", 2), {"moe.growth_from=2"}).moe.num_experts == 2);
+  CHECK_THROWS_WITH(growth_schedule(load_config_text(growth_yaml("d", "c", "", 2), {"moe.growth_from=2"})),
+                    "moe.growth_from: 2 is not fewer than moe.num_experts (2): nothing to grow");
   // A stage's checkpoint config is not a run's.
   CHECK_THROWS_WITH(growth_schedule(load_config_text(growth_yaml("d", "c", kStages, 4))),
                     "moe.growth: the last stage has 8 experts, moe.num_experts is 4; the last stage's count is the model's");
@@ -211,6 +215,13 @@ TEST_CASE("growth: a run resumed before, at and after a boundary equals one that
   const auto want = test::read_metrics(straight + "/metrics.jsonl"), got = test::read_metrics(late + "/metrics.jsonl");
   REQUIRE(got.size() == want.size());
   for (size_t i = 0; i < want.size(); ++i) CHECK(got[i].at("loss").dump() == want[i].at("loss").dump());
+  // The doubling shorthand trains through its stages (2 → 4 → 8 after steps 1 and 4).
+  auto d = test::run_mop("train --config " + late + ".yaml --set moe.growth=[] --set moe.growth_from=2 "
+                         "--set checkpoint.dir=" + dir / "doubling");
+  INFO(d.output);
+  CHECK(d.code == 0);
+  CHECK(d.output.find("growth: step 4: 4 → 8 experts per MoE layer") != std::string::npos);
+  CHECK(checkpoint_config(dir / "doubling/step_9").moe.num_experts == 8);
   // A checkpoint whose experts are not the schedule's at its step is refused.
   auto c = test::run_mop("train --config " + late + ".yaml --set train.steps=12 --set "
                          "\"moe.growth=[{experts: 2, steps: 3}, {experts: 4, steps: 7}, {experts: 8}]\"");
