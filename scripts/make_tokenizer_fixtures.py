@@ -100,7 +100,8 @@ def kjv_text():
         return f.read(KJV_BYTES)
 
 
-def build(kind):
+def build(kind, vocab_size=VOCAB_SIZE, texts=None):
+    """A tokenizer of the `kind` form trained on `texts` (default: the fixtures' KJV + torture text)."""
     if kind == "gpt2":
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -114,10 +115,10 @@ def build(kind):
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=SPECIALS[kind],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS[kind],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator([kjv_text()] + TORTURE, trainer=trainer)
+    tok.train_from_iterator(texts if texts is not None else [kjv_text()] + TORTURE, trainer=trainer)
     spec = json.loads(tok.to_str())
     if kind == "qwen2":
         spec["model"]["merges"] = [" ".join(m) for m in spec["model"]["merges"]]
@@ -185,7 +186,7 @@ def build_sentencepiece(kind):
     trainer = trainers.BpeTrainer(vocab_size=SP_VOCAB_SIZE,
                                   special_tokens=SP_SPECIALS + BYTE_TOKENS,
                                   limit_alphabet=SP_ALPHABET, show_progress=False)
-    tok.train_from_iterator([kjv_text()] + TORTURE, trainer=trainer)
+    tok.train_from_iterator(texts if texts is not None else [kjv_text()] + TORTURE, trainer=trainer)
     spec = json.loads(tok.to_str())
     # The byte tokens are vocabulary entries only, not added tokens.
     spec["added_tokens"] = [a for a in spec["added_tokens"] if a["content"] in SP_SPECIALS]
