@@ -5,14 +5,17 @@ export-hf) where the real Qwen3 files cannot be downloaded:
 
   config.json             Qwen3MoeForCausalLM (q/k norm, norm_topk_prob), the sizes given
   model.safetensors       fp32 weights drawn as transformers initialises them (std 0.02, norms 1)
-  tokenizer.json          a Qwen2/Qwen3-form byte-level BPE (NFC, Qwen's split regex, the
-                          <|endoftext|>, <|im_start|>, <|im_end|> specials) trained on --text
+  tokenizer.json          --tokenizer's (e.g. Qwen's vocabulary from
+                          scripts/qwen_tokenizer_from_tiktoken.py), or a Qwen2/Qwen3-form
+                          byte-level BPE (NFC, Qwen's split regex, the <|endoftext|>,
+                          <|im_start|>, <|im_end|> specials) trained on --text
   tokenizer_config.json   what transformers' AutoTokenizer reads beside it
 
 Needs numpy and tokenizers (pip install numpy tokenizers); not torch or transformers. With a real
 model, `huggingface-cli download Qwen/Qwen3-30B-A3B` gives the same files and the same commands run.
 
 Usage: python3 scripts/make_tiny_qwen3_moe.py --text data/kjv.txt --out runs/tiny-qwen3
+       python3 scripts/make_tiny_qwen3_moe.py --tokenizer qwen/tokenizer.json --vocab-size 151936 --out runs/tiny-qwen3
 """
 import argparse
 import json
@@ -46,9 +49,12 @@ def write_safetensors(path, tensors):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--text", required=True, help="UTF-8 text the tokenizer is trained on")
+    ap.add_argument("--text", help="UTF-8 text a tokenizer is trained on (without --tokenizer)")
+    ap.add_argument("--tokenizer", help="a tokenizer.json to use instead of training one")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--vocab", type=int, default=4096, help="the trained tokenizer's size")
+    ap.add_argument("--vocab-size", type=int, default=0,
+                    help="the model's vocabulary (embedding rows; Qwen3 pads 151,669 ids to 151,936); default: the tokenizer's")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
@@ -60,9 +66,16 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
 
-    with open(a.text, encoding="utf-8") as f:
-        text = f.read()
-    tok, spec = fixtures.build("qwen2", vocab_size=a.vocab, texts=[text])
+    if a.tokenizer:
+        with open(a.tokenizer, encoding="utf-8") as f:
+            spec = json.load(f)
+        tok = fixtures.Tokenizer.from_str(json.dumps(spec))
+    else:
+        if not a.text:
+            ap.error("give --text (to train a tokenizer) or --tokenizer")
+        with open(a.text, encoding="utf-8") as f:
+            text = f.read()
+        tok, spec = fixtures.build("qwen2", vocab_size=a.vocab, texts=[text])
     with open(os.path.join(a.out, "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(spec, f, ensure_ascii=False, indent=2)
     eos = tok.token_to_id("<|endoftext|>")
@@ -71,7 +84,7 @@ def main():
                    "pad_token": "<|endoftext|>", "unk_token": None, "bos_token": None,
                    "model_max_length": 32768, "clean_up_tokenization_spaces": False}, f, indent=2)
 
-    vocab = tok.get_vocab_size()
+    vocab = max(tok.get_vocab_size(), a.vocab_size)
     head_dim = a.hidden // a.heads
     config = {
         "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
@@ -111,7 +124,8 @@ def main():
             t[p + f"mlp.experts.{e}.down_proj.weight"] = normal(H, F)
     write_safetensors(os.path.join(a.out, "model.safetensors"), t)
     n = sum(v.size for v in t.values())
-    print(f"wrote {a.out}: Qwen3MoeForCausalLM, {n / 1e6:.2f}M parameters, tokenizer of {vocab} ids "
+    print(f"wrote {a.out}: Qwen3MoeForCausalLM, {n / 1e6:.2f}M parameters, vocabulary {vocab}, tokenizer of "
+          f"{tok.get_vocab_size()} ids "
           f"(eos <|endoftext|> = {eos})")
 
 

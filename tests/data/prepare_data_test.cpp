@@ -199,6 +199,32 @@ TEST_CASE("prepare_data with a tokenizer: its ids and its EOS per document, text
     CHECK(got == want);
     CHECK(shard.document_boundaries().size() == 4);
   }
+  // A template tokenizer (Llama 3's <|begin_of_text|> $A): each document starts with its BOS, as
+  // Megatron's preprocess_data.py writes it through a Hugging Face tokenizer; the tokenizer is
+  // copied beside the shards.
+  {
+    const std::string llama = std::string(MOP_SOURCE_DIR) + "/tests/data/fixtures/tokenizer/llama3/tokenizer.json";
+    const Tokenizer lt = Tokenizer::load(llama);
+    const uint32_t bos = uint32_t(*lt.token_id("<|begin_of_text|>")), end = uint32_t(*lt.token_id("<|end_of_text|>"));
+    std::vector<uint32_t> with_bos;
+    for (const std::string& d : docs) {
+      with_bos.push_back(bos);
+      for (int32_t id : lt.encode(d)) with_bos.push_back(uint32_t(id));
+      with_bos.push_back(end);
+    }
+    PrepareDataOptions o;
+    o.inputs = {dir / "a.txt"};
+    o.output = dir / "llama";
+    o.split = DocSplit::BlankLine;
+    o.tokenizer = llama;
+    prepare_data(o);
+    TokenShard shard = TokenShard::open_megatron(o.output);
+    std::vector<uint32_t> got(size_t(shard.num_tokens()));
+    shard.read(0, shard.num_tokens(), got.data());
+    CHECK(got == with_bos);
+    std::ifstream a(llama, std::ios::binary), b(dir / "llama.tokenizer.json", std::ios::binary);
+    CHECK(std::string(std::istreambuf_iterator<char>(a), {}) == std::string(std::istreambuf_iterator<char>(b), {}));
+  }
   // Errors name the problem: an EOS the tokenizer lacks, a line without the key, --json-key alone.
   PrepareDataOptions o;
   o.inputs = {dir / "a.jsonl"};
