@@ -155,7 +155,13 @@ TEST_CASE("growth: a grown checkpoint's copies equal their source expert", "[cpu
   CHECK(experts_checked == 2 * 2 * 3 * 3 * 3);  // layers × experts × projections × tensors × copies
   CHECK_THROWS_WITH(grow_checkpoint(dir / "exact/step_2", {8, 0.0, true, 7}),
                     Catch::Matchers::Contains("cannot grow its 6 experts to 8 (not a multiple)"));
-  // The grown checkpoint is a checkpoint of the 6-expert model: a run of it trains on.
+  // The grown checkpoint is a checkpoint of the 6-expert model: it exports with 6 experts, and a
+  // run of it trains on.
+  auto hf = test::run_mop("export-hf " + dir / "exact/step_2" + " --out " + dir / "hf");
+  INFO(hf.output);
+  REQUIRE(hf.code == 0);
+  CHECK(bytes_of(dir / "hf/config.json").find("\"num_experts\": 6") != std::string::npos);
+  CHECK(bytes_of(dir / "hf/tokenizer.json") == "{\"kept\": true}");
   auto on = test::run_mop("train --config " + dir / "two.yaml" + " --set moe.num_experts=6 --set train.steps=3 "
                           "--set checkpoint.dir=" + dir / "grown_run" + " --set checkpoint.init_from=" + dir / "exact");
   INFO(on.output);
