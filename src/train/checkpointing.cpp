@@ -100,28 +100,65 @@ std::vector<SafetensorsFile> open_shards(const std::string& dir, const Manifest&
   return files;
 }
 
-void load_tensors(const std::vector<SafetensorsFile>& files, const ModelLayout& layout,
+// A tensor by checkpoint name (nullptr when absent), and where such names are found, for messages.
+using TensorLookup = std::function<const SafetensorsTensor*(const std::string& name, std::string* where)>;
+
+TensorLookup files_lookup(const std::vector<SafetensorsFile>& files) {
+  return [&files](const std::string& name, std::string* where) -> const SafetensorsTensor* {
+    *where = files.front().path().parent_path().string();
+    for (const SafetensorsFile& f : files)
+      if (const SafetensorsTensor* t = f.find(name)) {
+        *where = f.path().string();
+        return t;
+      }
+    return nullptr;
+  };
+}
+
+void load_tensors(const TensorLookup& lookup, const ModelLayout& layout,
                   const std::string& suffix, const std::function<Tensor(int)>& param_slot,
                   const std::string& differences, const std::function<bool(int)>& wanted) {
   for (const HfView& v : layout.hf_views()) {
     if (!wanted(v.param)) continue;
-    std::string name = v.name + suffix;
-    const SafetensorsTensor* t = nullptr;
-    const SafetensorsFile* file = &files.front();
-    for (const SafetensorsFile& f : files)
-      if ((t = f.find(name))) {
-        file = &f;
-        break;
-      }
+    std::string name = v.name + suffix, where;
+    const SafetensorsTensor* t = lookup(name, &where);
     std::string hint = differences.empty() ? "" : " (the config differs from the checkpoint's: " + differences + ")";
-    MOP_USER_CHECK(t, file->path().parent_path().string(), ": no tensor '", name, "'", hint);
-    MOP_USER_CHECK(t->dtype == DType::F32, file->path().string(), ": tensor '", name, "' is ",
+    MOP_USER_CHECK(t, where, ": no tensor '", name, "'", hint);
+    MOP_USER_CHECK(t->dtype == DType::F32, where, ": tensor '", name, "' is ",
                    dtype_name(t->dtype), ", expected f32");
-    MOP_USER_CHECK(t->shape == v.shape, file->path().string(), ": tensor '", name, "' has shape ",
+    MOP_USER_CHECK(t->shape == v.shape, where, ": tensor '", name, "' has shape ",
                    shape_str(t->shape), ", the model expects ", shape_str(v.shape), hint);
     Tensor dst = hf_slice(param_slot(v.param), v);
     std::memcpy(dst.data, t->data, t->bytes);
   }
+}
+
+// Loads the weights (which 0) or a moment (1, 2) of every parameter this rank owns from `lookup`
+// (through host staging for those on the device). Loads happen before the first step, while no
+// host update runs.
+void load_state(const TensorLookup& lookup, const ParamStore& params, Optimizer& optim,
+                const std::string& suffix, int which, const std::string& differences) {
+  std::vector<Buffer> keep;
+  std::vector<Tensor> dst, host;
+  for (int p = 0; p < params.num_params(); ++p) {
+    if (!optim.owns(p)) {
+      dst.emplace_back(), host.emplace_back();
+      continue;
+    }
+    Tensor t = which == 0 ? optim.master(p) : which == 1 ? optim.exp_avg(p) : optim.exp_avg_sq(p);
+    Tensor h = t;
+    if (t.device != Device::CPU) {
+      keep.emplace_back(MemKind::Host, t.bytes());
+      h.data = keep.back().data();
+      h.device = Device::CPU;
+    }
+    dst.push_back(t);
+    host.push_back(h);
+  }
+  load_tensors(lookup, params.layout(), suffix, [&](int p) { return host[p]; }, differences,
+               [&](int p) { return optim.owns(p); });
+  for (size_t p = 0; p < dst.size(); ++p)
+    if (dst[p].data && dst[p].device != Device::CPU) optim.ops().copy(dst[p], host[p]);
 }
 
 }  // namespace
@@ -247,33 +284,10 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
   std::string where = dir + "/manifest.json";
   Config saved = load_config_text(m.config, {}, where + " config");
   std::string differences = config_key_differences(saved, cfg, {"model.", "moe."});
-  const ModelLayout& layout = params.layout();
-  // Reads one state tensor per parameter (through host staging for those on the device). Loads
-  // happen before the first step, while no host update runs.
-  auto load_state = [&](const std::vector<SafetensorsFile>& file, const std::string& suffix, int which) {
-    std::vector<Buffer> keep;
-    std::vector<Tensor> dst, host;
-    for (int p = 0; p < params.num_params(); ++p) {
-      if (!optim.owns(p)) {
-        dst.emplace_back(), host.emplace_back();
-        continue;
-      }
-      Tensor t = which == 0 ? optim.master(p) : which == 1 ? optim.exp_avg(p) : optim.exp_avg_sq(p);
-      Tensor h = t;
-      if (t.device != Device::CPU) {
-        keep.emplace_back(MemKind::Host, t.bytes());
-        h.data = keep.back().data();
-        h.device = Device::CPU;
-      }
-      dst.push_back(t);
-      host.push_back(h);
-    }
-    load_tensors(file, layout, suffix, [&](int p) { return host[p]; }, differences,
-                 [&](int p) { return optim.owns(p); });
-    for (size_t p = 0; p < dst.size(); ++p)
-      if (dst[p].data && dst[p].device != Device::CPU) optim.ops().copy(dst[p], host[p]);
-  };
-  load_state(open_shards(dir, m, "model"), "", 0);
+  {
+    const std::vector<SafetensorsFile> files = open_shards(dir, m, "model");
+    load_state(files_lookup(files), params, optim, "", 0, differences);
+  }
   TrainerState st;
   st.step = m.step;
   st.consumed_samples = m.state.at("consumed_samples", where).as_int64(where + ": consumed_samples");
@@ -285,13 +299,62 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
                  st.optimizer_updates, ", consumed_samples ", st.consumed_samples,
                  "); the checkpoint is inconsistent, resume from another");
   if (optim_state) {
-    std::vector<SafetensorsFile> f = open_shards(dir, m, "optimizer");
-    load_state(f, ".exp_avg", 1);
-    load_state(f, ".exp_avg_sq", 2);
+    const std::vector<SafetensorsFile> f = open_shards(dir, m, "optimizer");
+    load_state(files_lookup(f), params, optim, ".exp_avg", 1, differences);
+    load_state(files_lookup(f), params, optim, ".exp_avg_sq", 2, differences);
     optim.set_updates(st.optimizer_updates);
   }
   optim.sync_weights();
   return st;
+}
+
+HeldCheckpoint hold_checkpoint(const Config& cfg, const ParamStore& params, const Optimizer& optim,
+                               const TrainerState& state) {
+  HeldCheckpoint h;
+  h.config = cfg;
+  h.state = state;
+  const int n = params.num_params();
+  const char* suffix[3] = {"", ".exp_avg", ".exp_avg_sq"};
+  for (int which = 0; which < 3; ++which) {
+    std::vector<Buffer> keep;
+    const std::vector<Tensor> t = host_state(optim, n, which, keep);
+    for (const HfView& v : params.layout().hf_views()) {
+      MOP_CHECK(t[size_t(v.param)].data, "hold_checkpoint: one rank holds every tensor");
+      const Tensor src = hf_slice(t[size_t(v.param)], v);
+      const float* p = static_cast<const float*>(src.data);
+      h.put(v.name + suffix[which], v.shape, std::vector<float>(p, p + src.numel()));
+    }
+  }
+  return h;
+}
+
+void HeldCheckpoint::put(const std::string& name, std::vector<int64_t> shape, std::vector<float> values) {
+  Held& e = tensors[name];
+  e.values = std::move(values);
+  e.view.dtype = DType::F32;
+  e.view.shape = std::move(shape);
+  e.view.data = e.values.data();
+  e.view.bytes = e.values.size() * sizeof(float);
+}
+
+const SafetensorsTensor* HeldCheckpoint::find(const std::string& name) const {
+  auto it = tensors.find(name);
+  return it == tensors.end() ? nullptr : &it->second.view;
+}
+
+TrainerState load_held_checkpoint(const HeldCheckpoint& held, const Config& cfg, const ParamStore& params,
+                                  Optimizer& optim) {
+  const std::string differences = config_key_differences(held.config, cfg, {"model.", "moe."});
+  MOP_CHECK(differences.empty(), "the held state is of another model: ", differences);
+  const TensorLookup lookup = [&held](const std::string& name, std::string* where) {
+    *where = "the state held between growth stages";
+    return held.find(name);
+  };
+  const char* suffix[3] = {"", ".exp_avg", ".exp_avg_sq"};
+  for (int which = 0; which < 3; ++which) load_state(lookup, params, optim, suffix[which], which, differences);
+  optim.set_updates(held.state.optimizer_updates);
+  optim.sync_weights();
+  return held.state;
 }
 
 }  // namespace mop

@@ -5,8 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "ckpt/safetensors.h"
 
 #include "config/config.h"
 #include "data/tokenizer_files.h"
@@ -53,5 +57,29 @@ std::string config_key_differences(const Config& saved, const Config& now,
 // model shape against `cfg` (UserError naming the first differing key).
 TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const ParamStore& params,
                              Optimizer& optim, bool optim_state);
+
+// A one-rank checkpoint held in host memory — fp32 weights and Adam moments under their checkpoint
+// names, the config they are of, the trainer state, the tokenizer — for a moe.growth boundary that
+// passes the state to the next stage without files (train/growth.h).
+struct HeldCheckpoint {
+  struct Held {
+    std::vector<float> values;
+    SafetensorsTensor view;  // points into values
+  };
+  Config config;
+  TrainerState state;
+  std::optional<TokenizerFiles> tokenizer;
+  std::map<std::string, Held> tensors;
+
+  void put(const std::string& name, std::vector<int64_t> shape, std::vector<float> values);
+  const SafetensorsTensor* find(const std::string& name) const;  // nullptr when absent
+};
+// Every tensor of a one-rank run's state (weights and moments), staged to host memory.
+HeldCheckpoint hold_checkpoint(const Config& cfg, const ParamStore& params, const Optimizer& optim,
+                               const TrainerState& state);
+// Loads what load_checkpoint(…, optim_state = true) loads, from `held`, whose config must have
+// cfg's model.
+TrainerState load_held_checkpoint(const HeldCheckpoint& held, const Config& cfg, const ParamStore& params,
+                                  Optimizer& optim);
 
 }  // namespace mop

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <deque>
 #include <filesystem>
+#include <functional>
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/file_io.h"
@@ -93,87 +94,114 @@ bool is_router(const std::string& name) { return name.ends_with(".mlp.gate.weigh
 
 }  // namespace
 
-void grow_checkpoint(const std::string& dir, const GrowthOptions& o) {
-  const Manifest m = verify_checkpoint(dir);
-  const std::string where = dir + "/manifest.json config";
-  const Config before = load_config_text(m.config, {}, where);
-  const int64_t E = before.moe.num_experts, F = o.experts / std::max<int64_t>(E, 1);
-  MOP_USER_CHECK(o.experts > E && o.experts % E == 0, "checkpoint ", dir, ": cannot grow its ", E,
-                 " experts to ", o.experts, " (not a multiple)");
-  Config after = before;
-  after.moe.num_experts = o.experts;
-  after = load_config_text(dump_config(after), {}, where + " (grown)");
-  const ModelLayout layout = ModelLayout::build(ModelDims::from(after));
-  const int64_t H = after.model.hidden_size;
+namespace {
 
-  const fs::path root = fs::path(dir).parent_path();
-  CheckpointWriter w = CheckpointWriter::begin(root, m.step);
-  {
-    const HfTensorFiles files(dir);
-    auto source = [&](const std::string& name) -> const SafetensorsTensor& {
-      const SafetensorsTensor* t = files.find(name);
-      MOP_USER_CHECK(t && t->dtype == DType::F32, "checkpoint ", dir, ": no f32 tensor '", name, "'");
-      return *t;
-    };
-    auto view = [](const void* data, const std::vector<int64_t>& shape) {
-      Tensor v(const_cast<void*>(data), DType::F32, {});
-      v.ndim = int(shape.size());
-      for (int i = 0; i < v.ndim; ++i) v.shape[i] = shape[size_t(i)];
-      return v;
-    };
-    std::deque<std::vector<float>> made;  // grown router tensors and zeros, alive until written
-    std::vector<SafetensorsEntry> tensors[3];  // weights, exp_avg, exp_avg_sq
-    const char* suffix[3] = {"", ".exp_avg", ".exp_avg_sq"};
-    int64_t largest = 0;
-    for (const HfView& v : layout.hf_views()) {
-      int64_t n = 1;
-      for (int64_t d : v.shape) n *= d;
-      largest = std::max(largest, n);
-    }
-    std::vector<float>& zeros = made.emplace_back(size_t(largest), 0.0f);
+// The tensors of `before`'s model grown to o.experts (see grow_checkpoint), in the grown layout's
+// order: views into the source's tensors where they are kept or copied, into `made` (new router
+// tensors, zeros) where not. `source(name)` returns a checkpoint tensor or nullptr; `where` names
+// the source in errors.
+std::vector<SafetensorsEntry> grown_tensors(const Config& before, const Config& after, const GrowthOptions& o,
+                                            const std::function<const SafetensorsTensor*(const std::string&)>& source,
+                                            const std::string& where, std::deque<std::vector<float>>& made) {
+  const int64_t E = before.moe.num_experts, F = o.experts / E, H = after.model.hidden_size;
+  const ModelLayout layout = ModelLayout::build(ModelDims::from(after));
+  auto find = [&](const std::string& name) -> const SafetensorsTensor& {
+    const SafetensorsTensor* t = source(name);
+    MOP_USER_CHECK(t && t->dtype == DType::F32, where, ": no f32 tensor '", name, "'");
+    return *t;
+  };
+  auto view = [](const void* data, const std::vector<int64_t>& shape) {
+    Tensor v(const_cast<void*>(data), DType::F32, {});
+    v.ndim = int(shape.size());
+    for (int i = 0; i < v.ndim; ++i) v.shape[i] = shape[size_t(i)];
+    return v;
+  };
+  int64_t largest = 0;
+  for (const HfView& v : layout.hf_views()) {
+    int64_t n = 1;
+    for (int64_t d : v.shape) n *= d;
+    largest = std::max(largest, n);
+  }
+  const std::vector<float>& zeros = made.emplace_back(size_t(largest), 0.0f);
+  std::vector<SafetensorsEntry> out;
+  const char* suffix[3] = {"", ".exp_avg", ".exp_avg_sq"};
+  for (int k = 0; k < 3; ++k)
     for (const HfView& v : layout.hf_views()) {
       size_t at = 0, len = 0;
       const int64_t j = expert_of(v.name, &at, &len);
       const bool router = is_router(v.name);
       std::string src = v.name;
       if (j >= 0) src.replace(at, len, std::to_string(j / F));
-      for (int k = 0; k < 3; ++k) {
-        const std::string name = v.name + suffix[k];
-        if (k > 0 && !o.copy_moments && (j >= 0 || router)) {
-          tensors[k].push_back({name, view(zeros.data(), v.shape)});
-          continue;
-        }
-        const SafetensorsTensor& t = source(src + suffix[k]);
-        if (!router) {
-          MOP_USER_CHECK(t.shape == v.shape, "checkpoint ", dir, ": tensor '", src + suffix[k], "' has shape ",
-                         shape_str(t.shape), ", expected ", shape_str(v.shape));
-          tensors[k].push_back({name, view(t.data, v.shape)});
-          continue;
-        }
-        const std::vector<int64_t> want{E, H};
-        MOP_USER_CHECK(t.shape == want, "checkpoint ", dir, ": router '", name,
-                       "' has shape ", shape_str(t.shape), ", expected [", E, ",", H, "]");
-        const float* rows = static_cast<const float*>(t.data);
-        std::vector<float>& g = made.emplace_back(size_t(o.experts * H));
-        const uint64_t stream = fnv1a64("growth " + v.name + " " + std::to_string(o.experts));
-        for (int64_t r = 0; r < o.experts; ++r) {
-          const float* s = rows + (r / F) * H;
-          float* d = g.data() + r * H;
-          double ms = 0;
-          for (int64_t c = 0; c < H; ++c) ms += double(s[c]) * double(s[c]);
-          const double scale = (k == 0 && r % F != 0) ? o.noise * std::sqrt(ms / double(H)) : 0.0;
-          for (int64_t c = 0; c < H; ++c)
-            d[c] = scale > 0 ? float(double(s[c]) + scale * philox_normal(o.seed, stream, uint64_t(r * H + c))) : s[c];
-        }
-        tensors[k].push_back({name, view(g.data(), v.shape)});
+      const std::string name = v.name + suffix[k];
+      if (k > 0 && !o.copy_moments && (j >= 0 || router)) {
+        out.push_back({name, view(zeros.data(), v.shape)});
+        continue;
       }
+      const SafetensorsTensor& t = find(src + suffix[k]);
+      if (!router) {
+        MOP_USER_CHECK(t.shape == v.shape, where, ": tensor '", src + suffix[k], "' has shape ",
+                       shape_str(t.shape), ", expected ", shape_str(v.shape));
+        out.push_back({name, view(t.data, v.shape)});
+        continue;
+      }
+      const std::vector<int64_t> want{E, H};
+      MOP_USER_CHECK(t.shape == want, where, ": router '", name, "' has shape ", shape_str(t.shape),
+                     ", expected [", E, ",", H, "]");
+      const float* rows = static_cast<const float*>(t.data);
+      std::vector<float>& g = made.emplace_back(size_t(o.experts * H));
+      const uint64_t stream = fnv1a64("growth " + v.name + " " + std::to_string(o.experts));
+      for (int64_t r = 0; r < o.experts; ++r) {
+        const float* s = rows + (r / F) * H;
+        float* d = g.data() + r * H;
+        double ms = 0;
+        for (int64_t c = 0; c < H; ++c) ms += double(s[c]) * double(s[c]);
+        const double scale = (k == 0 && r % F != 0) ? o.noise * std::sqrt(ms / double(H)) : 0.0;
+        for (int64_t c = 0; c < H; ++c)
+          d[c] = scale > 0 ? float(double(s[c]) + scale * philox_normal(o.seed, stream, uint64_t(r * H + c))) : s[c];
+      }
+      out.push_back({name, view(g.data(), v.shape)});
     }
+  return out;
+}
+
+// The config after growing `before` to `experts` (validated); UserError if not a multiple.
+Config grown_config(const Config& before, int64_t experts, const std::string& what, const std::string& where) {
+  const int64_t E = before.moe.num_experts;
+  MOP_USER_CHECK(experts > E && experts % E == 0, what, ": cannot grow its ", E, " experts to ", experts,
+                 " (not a multiple)");
+  Config after = before;
+  after.moe.num_experts = experts;
+  return load_config_text(dump_config(after), {}, where + " (grown)");
+}
+
+void log_growth(const std::string& what, int64_t from, const GrowthOptions& o) {
+  spdlog::info("growth: {} now holds {} experts per MoE layer (each of the {} copied {}×; router noise {}, "
+               "optimizer moments {})", what, o.experts, from, o.experts / from, o.noise,
+               o.copy_moments ? "copied" : "zero");
+}
+
+}  // namespace
+
+void grow_checkpoint(const std::string& dir, const GrowthOptions& o) {
+  const Manifest m = verify_checkpoint(dir);
+  const std::string where = dir + "/manifest.json config";
+  const Config before = load_config_text(m.config, {}, where);
+  const Config after = grown_config(before, o.experts, "checkpoint " + dir, where);
+  CheckpointWriter w = CheckpointWriter::begin(fs::path(dir).parent_path(), m.step);
+  {
+    const HfTensorFiles files(dir);
+    std::deque<std::vector<float>> made;  // grown router tensors and zeros, alive until written
+    const std::vector<SafetensorsEntry> all = grown_tensors(
+        before, after, o, [&](const std::string& name) { return files.find(name); }, "checkpoint " + dir, made);
+    std::vector<SafetensorsEntry> weights, moments;
+    for (const SafetensorsEntry& e : all)
+      (e.name.ends_with(".exp_avg") || e.name.ends_with(".exp_avg_sq") ? moments : weights).push_back(e);
     // Files of at most 5 GB, named as the trainer's loader finds them (model*, optimizer*).
     const SafetensorsMetadata meta{{"format", "pt"}, {"producer", "mop " MOP_VERSION " growth"}};
-    auto write = [&](const std::string& prefix, const std::vector<SafetensorsEntry>& all) {
+    auto write = [&](const std::string& prefix, const std::vector<SafetensorsEntry>& part) {
       std::vector<std::vector<SafetensorsEntry>> groups(1);
       uint64_t bytes = 0;
-      for (const SafetensorsEntry& e : all) {
+      for (const SafetensorsEntry& e : part) {
         if (bytes + e.tensor.bytes() > 5'000'000'000ull && !groups.back().empty()) groups.emplace_back(), bytes = 0;
         groups.back().push_back(e);
         bytes += e.tensor.bytes();
@@ -184,9 +212,7 @@ void grow_checkpoint(const std::string& dir, const GrowthOptions& o) {
         w.add_file(name, write_safetensors(w.file(name), groups[gi], meta));
       }
     };
-    write("model", tensors[0]);
-    std::vector<SafetensorsEntry> moments = tensors[1];
-    moments.insert(moments.end(), tensors[2].begin(), tensors[2].end());
+    write("model", weights);
     write("optimizer", moments);
   }
   // Every other file (the tokenizer, ...) as it was.
@@ -195,10 +221,26 @@ void grow_checkpoint(const std::string& dir, const GrowthOptions& o) {
   Manifest grown = m;
   grown.files.clear();
   grown.config = dump_config(after);
-  grown.state["grown_from_experts"] = E;
+  grown.state["grown_from_experts"] = before.moe.num_experts;
   w.commit(std::move(grown));
-  spdlog::info("growth: {} now holds {} experts per MoE layer (each of the {} copied {}×; router noise {}, "
-               "optimizer moments {})", dir, o.experts, E, F, o.noise, o.copy_moments ? "copied" : "zero");
+  log_growth(dir, before.moe.num_experts, o);
+}
+
+HeldCheckpoint grow_held(const HeldCheckpoint& held, const GrowthOptions& o) {
+  HeldCheckpoint out;
+  out.config = grown_config(held.config, o.experts, "the held state", "the held state's config");
+  out.state = held.state;
+  out.tokenizer = held.tokenizer;
+  std::deque<std::vector<float>> made;
+  for (const SafetensorsEntry& e : grown_tensors(held.config, out.config, o,
+                                                 [&](const std::string& name) { return held.find(name); },
+                                                 "the held state", made)) {
+    const float* p = static_cast<const float*>(e.tensor.data);
+    std::vector<int64_t> shape(e.tensor.shape.begin(), e.tensor.shape.begin() + e.tensor.ndim);
+    out.put(e.name, std::move(shape), std::vector<float>(p, p + e.tensor.numel()));
+  }
+  log_growth("the state held in memory", held.config.moe.num_experts, o);
+  return out;
 }
 
 }  // namespace mop

@@ -1,9 +1,10 @@
 // Progressive expert growth (moe.growth, moe.growth_from): a run starts with few experts per MoE
-// layer and grows the pool in stages, each expert becoming whole copies of itself. The stage
-// boundaries pass through a checkpoint: the trainer saves at the boundary step, grow_checkpoint
-// rewrites that checkpoint with the next stage's experts, and a new Trainer for the next stage
-// resumes from it — so a run resumed before, at or after a boundary follows the same path as one
-// that never stopped, and every stage gets its own plan (memory, state placement, step time).
+// layer and grows the pool in stages, each expert becoming whole copies of itself. At a boundary a
+// new Trainer for the next stage starts from the grown state as a resume does (planned and
+// allocated anew): on one rank with no checkpoint due, from the state held in host memory
+// (grow_held); else from the boundary checkpoint, rewritten in place with the grown experts
+// (grow_checkpoint). Both give the same values, and a run resumed before, at or after a boundary
+// follows the same path as one that never stopped.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "train/checkpointing.h"
 
 namespace mop {
 
@@ -48,5 +50,9 @@ struct GrowthOptions {
 // router row e is copied to rows e·f + i, rows i > 0 with N(0, (noise · rms(row))²) added. Every
 // other tensor and file (the tokenizer) is kept as it is; the manifest records the new config.
 void grow_checkpoint(const std::string& dir, const GrowthOptions& options);
+// The same for a state held in memory (a one-rank run's boundary without a checkpoint due): the
+// grown tensors, config, trainer state and tokenizer — what grow_checkpoint would write, value for
+// value.
+HeldCheckpoint grow_held(const HeldCheckpoint& held, const GrowthOptions& options);
 
 }  // namespace mop

@@ -95,14 +95,18 @@ Config planned_config(const Config& cfg, const Machine& machine, int world) {
   return r.feasible.front().plan.cfg;
 }
 
-Trainer::Trainer(Config cfg, World& world) : world_(world) {
+Trainer::Trainer(Config cfg, World& world, std::shared_ptr<const HeldCheckpoint> held)
+    : world_(world), held_in_(std::move(held)) {
   growth_ = growth_schedule(cfg);
   if (!growth_.empty()) {
-    // The stage of the checkpoint this run starts from (a boundary step's is the next stage's).
-    const std::optional<std::string> from = resolve_resume_dir(cfg);
-    const int64_t step = from ? read_manifest(*from).step : 0;
+    // The stage of the checkpoint (or held state) this run starts from; a boundary step's is the
+    // next stage's.
+    const std::optional<std::string> from = held_in_ ? std::nullopt : resolve_resume_dir(cfg);
+    const int64_t step = held_in_ ? held_in_->state.step : from ? read_manifest(*from).step : 0;
     stage_ = growth_.stage_at(step);
     const int64_t want = growth_.experts[size_t(stage_)];
+    MOP_CHECK(!held_in_ || held_in_->config.moe.num_experts == want, "the held state has ",
+              held_in_->config.moe.num_experts, " experts, stage ", stage_ + 1, " ", want);
     if (from) {
       const int64_t has = checkpoint_config(*from).moe.num_experts;
       // Saved at a boundary but not yet grown (the job ended in between): grow it now.
@@ -339,6 +343,17 @@ void Trainer::resume_or_init() {
     schedule_->broadcast_weights();
     spdlog::info("starting a new run from the weights of {}{}", from->string(),
                  changed.empty() ? std::string() : " with model changes: " + changed);
+    return;
+  }
+  if (held_in_) {  // the next growth stage, from the state the last one held in memory
+    tokenizer_ = held_in_->tokenizer;
+    const TrainerState st = load_held_checkpoint(*held_in_, cfg_, *params_, *optim_);
+    held_in_.reset();
+    schedule_->broadcast_weights();
+    step_ = st.step;
+    consumed_samples_ = st.consumed_samples;
+    spdlog::info("continuing at step {} ({} samples consumed) from the state held in memory", step_,
+                 consumed_samples_);
     return;
   }
   tokenizer_ = resolve_run_tokenizer(cfg_, dir);
@@ -594,8 +609,23 @@ void Trainer::run() {
       spdlog::info("train.exit_interval: exiting at step {}; resume with --resume auto", step_);
       break;
     }
-    if (growth_.is_boundary(step_)) {  // the next stage's Trainer resumes from this checkpoint
-      if (last_saved_step_ != step_) save_checkpoint();
+    if (growth_.is_boundary(step_)) {
+      // The next stage's Trainer starts from the boundary checkpoint when one was due (it is
+      // grown), else — on one rank — from the state held in host memory, which spares writing
+      // and reading the model twice; several ranks go through the checkpoint.
+      if (last_saved_step_ != step_ && world_.size == 1) {
+        schedule_->drain();
+        TrainerState st;
+        st.step = step_;
+        st.consumed_samples = consumed_samples_;
+        st.optimizer_updates = optim_->updates();
+        st.seed = uint64_t(cfg_.train.seed);
+        st.data_fingerprint = loader_->fingerprint();
+        held_out_ = std::make_shared<HeldCheckpoint>(hold_checkpoint(cfg_, *params_, *optim_, st));
+        held_out_->tokenizer = tokenizer_;
+      } else if (last_saved_step_ != step_) {
+        save_checkpoint();
+      }
       grew_ = true;
       break;
     }
@@ -609,13 +639,13 @@ void Trainer::run() {
 RunOutcome train_run(Config cfg, World& world, const std::function<void(Trainer&, bool first)>& started) {
   auto params_of = [](const Plan& p) { return double(ModelLayout::build(ModelDims::from(p.cfg)).num_params()); };
   std::unique_ptr<Trainer> t;
+  std::shared_ptr<const HeldCheckpoint> next;  // the grown state, when held in memory
+  Plan was;
+  int64_t at = 0;
   for (bool first = true;; first = false) {
-    std::unique_ptr<Trainer> before = std::move(t);
-    Plan was;
-    if (before) was = before->plan();
-    const int64_t at = before ? before->step() : 0;
-    before.reset();  // its memory goes before the next stage's is allocated
-    t = std::make_unique<Trainer>(cfg, world);
+    if (t) was = t->plan(), at = t->step();
+    t.reset();  // its memory goes before the next stage's is allocated
+    t = std::make_unique<Trainer>(cfg, world, std::move(next));
     if (!first) {
       const Plan& now = t->plan();
       spdlog::info("growth: step {}: {} → {} experts per MoE layer; parameters {:.4g}M → {:.4g}M, optimizer "
@@ -626,7 +656,16 @@ RunOutcome train_run(Config cfg, World& world, const std::function<void(Trainer&
     started(*t, first);
     t->run();
     if (!t->grew()) return {t->step(), t->stop_signal()};
-    cfg.checkpoint.resume = (std::filesystem::path(cfg.checkpoint.dir) / checkpoint_dir_name(t->step())).string();
+    if (std::shared_ptr<HeldCheckpoint> held = t->take_held()) {
+      const GrowthSchedule& g = t->growth();
+      const GrowthOptions o{g.experts[size_t(t->growth_stage() + 1)], cfg.moe.growth_noise,
+                            cfg.moe.growth_optimizer == "copy", uint64_t(cfg.train.seed)};
+      was = t->plan(), at = t->step();
+      t.reset();  // the old stage's memory goes first
+      next = std::make_shared<const HeldCheckpoint>(grow_held(*held, o));
+    } else {
+      cfg.checkpoint.resume = (std::filesystem::path(cfg.checkpoint.dir) / checkpoint_dir_name(t->step())).string();
+    }
   }
 }
 

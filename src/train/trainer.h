@@ -23,6 +23,7 @@
 #include "plan/plan.h"
 #include "schedule/step.h"
 #include "schedule/streams.h"
+#include "train/checkpointing.h"
 #include "train/growth.h"
 #include "train/metrics.h"
 
@@ -61,13 +62,17 @@ class Trainer {
  public:
   // With moe.growth, `cfg` is the run's (the last stage's experts): the Trainer builds the stage
   // the checkpoint it starts from belongs to (stage 0 for a fresh start).
-  Trainer(Config cfg, World& world);
+  // `held`: the state a growth boundary passed on in memory (train_run), instead of a checkpoint.
+  Trainer(Config cfg, World& world, std::shared_ptr<const HeldCheckpoint> held = nullptr);
   ~Trainer();
   // Trains to train.steps (or until SIGTERM/SIGINT/SIGUSR1, after which it checkpoints and
   // returns), or to the end of its moe.growth stage: then grew() and the checkpoint just written
   // holds the next stage's model (train_run goes on from it).
   void run();
   bool grew() const { return grew_; }
+  // After a growth on one rank with no checkpoint due at the boundary: the state, held in host
+  // memory for the next stage (nullptr when the boundary checkpoint holds it).
+  std::shared_ptr<HeldCheckpoint> take_held() { return std::move(held_out_); }
   int growth_stage() const { return stage_; }
   const GrowthSchedule& growth() const { return growth_; }
   // Called once, when this run first saves a checkpoint (or finishes without one): what a run
@@ -125,6 +130,8 @@ class Trainer {
   GrowthSchedule growth_;  // empty without moe.growth
   int stage_ = 0;
   bool grew_ = false;
+  std::shared_ptr<const HeldCheckpoint> held_in_;  // the state this stage starts from, if in memory
+  std::shared_ptr<HeldCheckpoint> held_out_;
 
   int64_t step_ = 0;             // optimizer steps done
   int64_t consumed_samples_ = 0;  // global training samples consumed
