@@ -1,8 +1,9 @@
 // Progressive expert growth (train/growth.h): the schedule from the config, the grown checkpoint
 // (copies byte-equal to their source, router rows equal without noise, moments copied or zero,
 // everything else kept), and a run resumed before, at and after a boundary equals one that never
-// stopped, bit for bit — with the optimizer state in the backend's memory and in host memory, and
-// from a boundary checkpoint the job saved but did not grow.
+// stopped, bit for bit — the state passed in memory against through the grown checkpoint, with
+// the optimizer state in the backend's memory and in host memory, and from a boundary checkpoint
+// the job saved but did not grow.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -181,6 +182,9 @@ TEST_CASE("growth: a run resumed before, at and after a boundary equals one that
     REQUIRE(s.code == 0);
     CHECK(s.output.find("growth: step 3: 2 → 4 experts per MoE layer") != std::string::npos);
     CHECK(s.output.find("growth: step 6: 4 → 8 experts per MoE layer") != std::string::npos);
+    // Straight through, no checkpoint is due at the boundaries: the state passes in memory. The
+    // runs stopped at a boundary go through the grown checkpoint instead — the same bits.
+    CHECK(s.output.find("continuing at step 3 (12 samples consumed) from the state held in memory") != std::string::npos);
     const auto want = test::read_metrics(straight + "/metrics.jsonl");
     REQUIRE(want.size() == 9);
     // Stopped after step 2 (before the first boundary), 3 (at it) and 5 (after it), then resumed.
@@ -194,6 +198,7 @@ TEST_CASE("growth: a run resumed before, at and after a boundary equals one that
       auto b = test::run_mop("train --config " + split + ".yaml" + set);
       INFO(b.output);
       REQUIRE(b.code == 0);
+      if (stop == 3) CHECK(b.output.find("resumed from " + split + "/step_3 at step 3") != std::string::npos);
       const auto got = test::read_metrics(split + "/metrics.jsonl");
       REQUIRE(got.size() == want.size());
       for (size_t i = 0; i < want.size(); ++i) {
