@@ -526,8 +526,7 @@ double Trainer::evaluate() {
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
-void Trainer::save_checkpoint() {
-  if (on_started_) std::exchange(on_started_, nullptr)();
+TrainerState Trainer::drained_state() {
   schedule_->drain();  // host-placed master weights and moments are final
   TrainerState st;
   st.step = step_;
@@ -535,6 +534,12 @@ void Trainer::save_checkpoint() {
   st.optimizer_updates = optim_->updates();
   st.seed = uint64_t(cfg_.train.seed);
   st.data_fingerprint = loader_->fingerprint();
+  return st;
+}
+
+void Trainer::save_checkpoint() {
+  if (on_started_) std::exchange(on_started_, nullptr)();
+  const TrainerState st = drained_state();
   std::string dir = mop::save_checkpoint(cfg_, *params_, *optim_, st, world_, groups_.get(),
                                          tokenizer_ ? &*tokenizer_ : nullptr);
   last_saved_step_ = step_;
@@ -614,14 +619,7 @@ void Trainer::run() {
       // grown), else — on one rank — from the state held in host memory, which spares writing
       // and reading the model twice; several ranks go through the checkpoint.
       if (last_saved_step_ != step_ && world_.size == 1) {
-        schedule_->drain();
-        TrainerState st;
-        st.step = step_;
-        st.consumed_samples = consumed_samples_;
-        st.optimizer_updates = optim_->updates();
-        st.seed = uint64_t(cfg_.train.seed);
-        st.data_fingerprint = loader_->fingerprint();
-        held_out_ = std::make_shared<HeldCheckpoint>(hold_checkpoint(cfg_, *params_, *optim_, st));
+        held_out_ = std::make_shared<HeldCheckpoint>(hold_checkpoint(cfg_, *params_, *optim_, drained_state()));
         held_out_->tokenizer = tokenizer_;
       } else if (last_saved_step_ != step_) {
         save_checkpoint();

@@ -107,6 +107,7 @@ class Trainer {
   void train_step(StepMetrics& sm);
   double evaluate();
   void save_checkpoint();
+  TrainerState drained_state();  // after the host pipeline drained: what a checkpoint records
   bool stop_requested();
   void check_plan_memory();
   size_t planned_device_bytes() const;  // what this rank allocated on the ops device
