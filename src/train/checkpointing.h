@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "ckpt/safetensors.h"
-
 #include "config/config.h"
 #include "data/tokenizer_files.h"
 #include "optim/optimizer.h"

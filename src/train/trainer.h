@@ -66,8 +66,8 @@ class Trainer {
   Trainer(Config cfg, World& world, std::shared_ptr<const HeldCheckpoint> held = nullptr);
   ~Trainer();
   // Trains to train.steps (or until SIGTERM/SIGINT/SIGUSR1, after which it checkpoints and
-  // returns), or to the end of its moe.growth stage: then grew() and the checkpoint just written
-  // holds the next stage's model (train_run goes on from it).
+  // returns), or to the end of its moe.growth stage: then grew(), and the next stage (train_run)
+  // starts from the boundary checkpoint, already grown, or from take_held(), to be grown.
   void run();
   bool grew() const { return grew_; }
   // After a growth on one rank with no checkpoint due at the boundary: the state, held in host
