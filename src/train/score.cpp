@@ -19,6 +19,22 @@
 
 namespace mop {
 
+namespace {
+
+// Calls f(line number from 1, the line without its '\n') for every line of `bytes`.
+template <typename F>
+void for_each_line(const std::string& bytes, F&& f) {
+  size_t begin = 0, line_no = 0;
+  while (begin < bytes.size()) {
+    size_t end = bytes.find('\n', begin);
+    if (end == std::string::npos) end = bytes.size();
+    f(++line_no, std::string_view(bytes.data() + begin, end - begin));
+    begin = end + 1;
+  }
+}
+
+}  // namespace
+
 std::vector<std::vector<int32_t>> read_token_file(const std::string& path, int64_t seq_len) {
   std::error_code ec;
   MOP_USER_CHECK(std::filesystem::is_regular_file(path, ec), "--tokens ", path, ": not found");
@@ -29,14 +45,10 @@ std::vector<std::vector<int32_t>> read_token_file(const std::string& path, int64
     return (c >= '0' && c <= '9') || c == '-' || c == ' ' || c == '\t' || c == '\n' || c == '\r';
   });
   if (text) {
-    size_t line_no = 0, begin = 0;
-    while (begin < bytes.size()) {
-      size_t end = bytes.find('\n', begin);
-      if (end == std::string::npos) end = bytes.size();
-      ++line_no;
+    for_each_line(bytes, [&](size_t line_no, std::string_view line) {
       std::vector<int32_t> seq;
-      const char* p = bytes.data() + begin;
-      const char* stop = bytes.data() + end;
+      const char* p = line.data();
+      const char* stop = line.data() + line.size();
       while (p < stop) {
         if (*p == ' ' || *p == '\t' || *p == '\r') {
           ++p;
@@ -52,8 +64,7 @@ std::vector<std::vector<int32_t>> read_token_file(const std::string& path, int64
         p = next;
       }
       if (!seq.empty()) seqs.push_back(std::move(seq));
-      begin = end + 1;
-    }
+    });
     MOP_USER_CHECK(!seqs.empty(), "--tokens ", path, ": no token ids");
     return seqs;
   }
@@ -78,21 +89,15 @@ std::vector<std::vector<int32_t>> read_text_file(const std::string& path, const 
   const TextCodec codec = TextCodec::for_checkpoint(dir, checkpoint_config(dir));
   const std::string bytes = read_file(path);
   std::vector<std::vector<int32_t>> seqs;
-  size_t begin = 0, line_no = 0;
-  while (begin < bytes.size()) {
-    size_t end = bytes.find('\n', begin);
-    if (end == std::string::npos) end = bytes.size();
-    ++line_no;
-    std::string_view line(bytes.data() + begin, end - begin);
+  for_each_line(bytes, [&](size_t line_no, std::string_view line) {
     if (line.ends_with('\r')) line.remove_suffix(1);
-    begin = end + 1;
-    if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
+    if (line.find_first_not_of(" \t") == std::string_view::npos) return;
     try {
       seqs.push_back(codec.encode(line));
     } catch (const UserError& e) {
       throw_user_error("--text ", path, ": line ", line_no, ": ", e.what());
     }
-  }
+  });
   MOP_USER_CHECK(!seqs.empty(), "--text ", path, ": no text (every line is blank)");
   return seqs;
 }
