@@ -8,19 +8,27 @@
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/safetensors.h"
+#include "runtime/bulk_copy.h"
 #include "config/schema.h"
 
 namespace mop {
 
 namespace {
 
-// The fp32 view of checkpoint tensor `v` inside parameter tensor `param` (a flat-buffer slot).
-Tensor hf_slice(const Tensor& param, const HfView& v) {
-  MOP_CHECK(param.device == Device::CPU, "checkpoint tensors are read and written from host memory");
+// The fp32 view of checkpoint tensor `v` inside parameter tensor `param` (a flat-buffer slot),
+// on the slot's device.
+Tensor view_of(const Tensor& param, const HfView& v) {
   Tensor t(static_cast<char*>(param.data) + size_t(v.offset) * sizeof(float), DType::F32, {});
+  t.device = param.device;
   t.ndim = int(v.shape.size());
   for (int i = 0; i < t.ndim; ++i) t.shape[i] = v.shape[i];
   return t;
+}
+
+// The same, for tensors written to files from host memory.
+Tensor hf_slice(const Tensor& param, const HfView& v) {
+  MOP_CHECK(param.device == Device::CPU, "checkpoint tensors are written from host memory");
+  return view_of(param, v);
 }
 
 }  // namespace
@@ -63,23 +71,29 @@ std::string config_key_differences(const Config& saved, const Config& now,
 
 namespace {
 
-// Host-readable views of one optimizer state tensor per parameter (0 master, 1 exp_avg,
-// 2 exp_avg_sq): the tensor itself when it is in host memory, else a copy staged into `keep`
-// (checkpoints are rare; the staging is freed when `keep` goes).
-std::vector<Tensor> host_state(const Optimizer& optim, int n, int which, std::vector<Buffer>& keep) {
+// The optimizer state tensor `which` (0 master, 1 exp_avg, 2 exp_avg_sq) of parameter p.
+Tensor state_tensor(const Optimizer& optim, int p, int which) {
+  return which == 0 ? optim.master(p) : which == 1 ? optim.exp_avg(p) : optim.exp_avg_sq(p);
+}
+
+// Host-readable views of one optimizer state tensor per parameter: the tensor itself when it is
+// in host memory, else a copy staged into `keep` (checkpoints are rare; the staging is freed when
+// `keep` goes; a vector keeps its buffer when `keep` grows).
+std::vector<Tensor> host_state(const Optimizer& optim, int n, int which, std::vector<HostFloats>& keep) {
   std::vector<Tensor> out;
+  BulkCopier copier;
   for (int p = 0; p < n; ++p) {
     if (!optim.owns(p)) {  // updated (and saved) by another rank
       out.emplace_back();
       continue;
     }
-    Tensor t = which == 0 ? optim.master(p) : which == 1 ? optim.exp_avg(p) : optim.exp_avg_sq(p);
+    Tensor t = state_tensor(optim, p, which);
     if (t.device != Device::CPU) {
-      keep.emplace_back(MemKind::Host, t.bytes());
+      keep.emplace_back(size_t(t.numel()));
       Tensor h = t;
       h.data = keep.back().data();
       h.device = Device::CPU;
-      optim.ops().copy(h, t);
+      copier.copy(h, t);
       t = h;
     }
     out.push_back(t);
@@ -115,11 +129,14 @@ TensorLookup files_lookup(const std::vector<SafetensorsFile>& files) {
   };
 }
 
-void load_tensors(const TensorLookup& lookup, const ModelLayout& layout,
-                  const std::string& suffix, const std::function<Tensor(int)>& param_slot,
-                  const std::string& differences, const std::function<bool(int)>& wanted) {
-  for (const HfView& v : layout.hf_views()) {
-    if (!wanted(v.param)) continue;
+// Loads the weights (which 0) or a moment (1, 2) of every parameter this rank owns from `lookup`,
+// straight into the optimizer's tensors (BulkCopier: through pinned bounce buffers for those on
+// the device). Loads happen before the first step, while no host update runs.
+void load_state(const TensorLookup& lookup, const ParamStore& params, Optimizer& optim,
+                const std::string& suffix, int which, const std::string& differences) {
+  BulkCopier copier;
+  for (const HfView& v : params.layout().hf_views()) {
+    if (!optim.owns(v.param)) continue;
     std::string name = v.name + suffix, where;
     const SafetensorsTensor* t = lookup(name, &where);
     std::string hint = differences.empty() ? "" : " (the config differs from the checkpoint's: " + differences + ")";
@@ -128,37 +145,10 @@ void load_tensors(const TensorLookup& lookup, const ModelLayout& layout,
                    dtype_name(t->dtype), ", expected f32");
     MOP_USER_CHECK(t->shape == v.shape, where, ": tensor '", name, "' has shape ",
                    shape_str(t->shape), ", the model expects ", shape_str(v.shape), hint);
-    Tensor dst = hf_slice(param_slot(v.param), v);
-    std::memcpy(dst.data, t->data, t->bytes);
+    const Tensor slot = state_tensor(optim, v.param, which);
+    const Tensor dst = view_of(slot, v);
+    copier.copy(dst.data, dst.device != Device::CPU, t->data, false, t->bytes);
   }
-}
-
-// Loads the weights (which 0) or a moment (1, 2) of every parameter this rank owns from `lookup`
-// (through host staging for those on the device). Loads happen before the first step, while no
-// host update runs.
-void load_state(const TensorLookup& lookup, const ParamStore& params, Optimizer& optim,
-                const std::string& suffix, int which, const std::string& differences) {
-  std::vector<Buffer> keep;
-  std::vector<Tensor> dst, host;
-  for (int p = 0; p < params.num_params(); ++p) {
-    if (!optim.owns(p)) {
-      dst.emplace_back(), host.emplace_back();
-      continue;
-    }
-    Tensor t = which == 0 ? optim.master(p) : which == 1 ? optim.exp_avg(p) : optim.exp_avg_sq(p);
-    Tensor h = t;
-    if (t.device != Device::CPU) {
-      keep.emplace_back(MemKind::Host, t.bytes());
-      h.data = keep.back().data();
-      h.device = Device::CPU;
-    }
-    dst.push_back(t);
-    host.push_back(h);
-  }
-  load_tensors(lookup, params.layout(), suffix, [&](int p) { return host[p]; }, differences,
-               [&](int p) { return optim.owns(p); });
-  for (size_t p = 0; p < dst.size(); ++p)
-    if (dst[p].data && dst[p].device != Device::CPU) optim.ops().copy(dst[p], host[p]);
 }
 
 }  // namespace
@@ -188,7 +178,7 @@ std::string save_checkpoint(const Config& cfg, const ParamStore& params, const O
     SafetensorsMetadata meta{{"format", "pt"}, {"producer", "mop " MOP_VERSION}};
     const int n = params.num_params();
     {
-      std::vector<Buffer> keep;
+      std::vector<HostFloats> keep;
       std::vector<Tensor> master = host_state(optim, n, 0, keep);
       std::vector<SafetensorsEntry> model;
       for (const HfView& v : layout.hf_views())
@@ -197,7 +187,7 @@ std::string save_checkpoint(const Config& cfg, const ParamStore& params, const O
       if (w) w->add_file(model_file, d);
     }
     {
-      std::vector<Buffer> keep;
+      std::vector<HostFloats> keep;
       std::vector<Tensor> m = host_state(optim, n, 1, keep), v2 = host_state(optim, n, 2, keep);
       std::vector<SafetensorsEntry> moments;
       for (const HfView& v : layout.hf_views()) {
@@ -313,22 +303,21 @@ HeldCheckpoint hold_checkpoint(const Config& cfg, const ParamStore& params, cons
   HeldCheckpoint h;
   h.config = cfg;
   h.state = state;
-  const int n = params.num_params();
+  BulkCopier copier;
   const char* suffix[3] = {"", ".exp_avg", ".exp_avg_sq"};
-  for (int which = 0; which < 3; ++which) {
-    std::vector<Buffer> keep;
-    const std::vector<Tensor> t = host_state(optim, n, which, keep);
+  for (int which = 0; which < 3; ++which)
     for (const HfView& v : params.layout().hf_views()) {
-      MOP_CHECK(t[size_t(v.param)].data, "hold_checkpoint: one rank holds every tensor");
-      const Tensor src = hf_slice(t[size_t(v.param)], v);
-      const float* p = static_cast<const float*>(src.data);
-      h.put(v.name + suffix[which], v.shape, std::vector<float>(p, p + src.numel()));
+      MOP_CHECK(optim.owns(v.param), "hold_checkpoint: one rank holds every tensor");
+      const Tensor slot = state_tensor(optim, v.param, which);
+      const Tensor src = view_of(slot, v);
+      HostFloats values(size_t(src.numel()));
+      copier.copy(values.data(), false, src.data, src.device != Device::CPU, src.bytes());
+      h.put(v.name + suffix[which], v.shape, std::move(values));
     }
-  }
   return h;
 }
 
-void HeldCheckpoint::put(const std::string& name, std::vector<int64_t> shape, std::vector<float> values) {
+void HeldCheckpoint::put(const std::string& name, std::vector<int64_t> shape, HostFloats values) {
   Held& e = tensors[name];
   e.values = std::move(values);
   e.view.dtype = DType::F32;

@@ -16,6 +16,7 @@
 #include "optim/optimizer.h"
 #include "parallel/groups.h"
 #include "parallel/world.h"
+#include "runtime/bulk_copy.h"
 
 namespace mop {
 
@@ -62,7 +63,7 @@ TrainerState load_checkpoint(const std::string& dir, const Config& cfg, const Pa
 // passes the state to the next stage without files (train/growth.h).
 struct HeldCheckpoint {
   struct Held {
-    std::vector<float> values;
+    HostFloats values;
     SafetensorsTensor view;  // points into values
   };
   Config config;
@@ -70,7 +71,7 @@ struct HeldCheckpoint {
   std::optional<TokenizerFiles> tokenizer;
   std::map<std::string, Held> tensors;
 
-  void put(const std::string& name, std::vector<int64_t> shape, std::vector<float> values);
+  void put(const std::string& name, std::vector<int64_t> shape, HostFloats values);
   const SafetensorsTensor* find(const std::string& name) const;  // nullptr when absent
 };
 // Every tensor of a one-rank run's state (weights and moments), staged to host memory.

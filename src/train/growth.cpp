@@ -7,6 +7,7 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <map>
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/file_io.h"
@@ -16,6 +17,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/model_spec.h"
+#include "runtime/bulk_copy.h"
 
 namespace mop {
 
@@ -226,18 +228,37 @@ void grow_checkpoint(const std::string& dir, const GrowthOptions& o) {
   log_growth(dir, before.moe.num_experts, o);
 }
 
-HeldCheckpoint grow_held(const HeldCheckpoint& held, const GrowthOptions& o) {
+HeldCheckpoint grow_held(HeldCheckpoint&& held, const GrowthOptions& o) {
   HeldCheckpoint out;
   out.config = grown_config(held.config, o.experts, "the held state", "the held state's config");
   out.state = held.state;
-  out.tokenizer = held.tokenizer;
+  out.tokenizer = std::move(held.tokenizer);
   std::deque<std::vector<float>> made;
-  for (const SafetensorsEntry& e : grown_tensors(held.config, out.config, o,
-                                                 [&](const std::string& name) { return held.find(name); },
-                                                 "the held state", made)) {
-    const float* p = static_cast<const float*>(e.tensor.data);
+  const std::vector<SafetensorsEntry> grown = grown_tensors(
+      held.config, out.config, o, [&](const std::string& name) { return held.find(name); }, "the held state", made);
+  // The last grown tensor that reads a held tensor takes its values (a moved vector keeps its
+  // buffer, so the views still to come stay valid); earlier ones copy. A held tensor nobody reads
+  // (zeroed moments) goes at once: host memory peaks near the grown state, not old + new.
+  std::map<const void*, std::pair<std::string, int>> readers;
+  for (const auto& [name, h] : held.tensors)
+    if (!h.values.empty()) readers[h.values.data()] = {name, 0};
+  for (const SafetensorsEntry& e : grown)
+    if (auto it = readers.find(e.tensor.data); it != readers.end()) ++it->second.second;
+  for (const auto& [data, r] : readers)
+    if (r.second == 0) held.tensors.erase(r.first);
+  BulkCopier copier;
+  for (const SafetensorsEntry& e : grown) {
     std::vector<int64_t> shape(e.tensor.shape.begin(), e.tensor.shape.begin() + e.tensor.ndim);
-    out.put(e.name, std::move(shape), std::vector<float>(p, p + e.tensor.numel()));
+    auto it = readers.find(e.tensor.data);
+    if (it != readers.end() && --it->second.second == 0) {
+      auto h = held.tensors.find(it->second.first);
+      out.put(e.name, std::move(shape), std::move(h->second.values));
+      held.tensors.erase(h);
+      continue;
+    }
+    HostFloats values(size_t(e.tensor.numel()));
+    copier.copy(values.data(), false, e.tensor.data, false, e.tensor.bytes());
+    out.put(e.name, std::move(shape), std::move(values));
   }
   log_growth("the state held in memory", held.config.moe.num_experts, o);
   return out;

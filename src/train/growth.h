@@ -52,7 +52,7 @@ struct GrowthOptions {
 void grow_checkpoint(const std::string& dir, const GrowthOptions& options);
 // The same for a state held in memory (a one-rank run's boundary without a checkpoint due): the
 // grown tensors, config, trainer state and tokenizer — what grow_checkpoint would write, value for
-// value.
-HeldCheckpoint grow_held(const HeldCheckpoint& held, const GrowthOptions& options);
+// value. Consumes `held` (its tensors move into the result where they are kept).
+HeldCheckpoint grow_held(HeldCheckpoint&& held, const GrowthOptions& options);
 
 }  // namespace mop

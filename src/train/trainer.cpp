@@ -660,7 +660,7 @@ RunOutcome train_run(Config cfg, World& world, const std::function<void(Trainer&
                             cfg.moe.growth_optimizer == "copy", uint64_t(cfg.train.seed)};
       was = t->plan(), at = t->step();
       t.reset();  // the old stage's memory goes first
-      next = std::make_shared<const HeldCheckpoint>(grow_held(*held, o));
+      next = std::make_shared<const HeldCheckpoint>(grow_held(std::move(*held), o));
     } else {
       cfg.checkpoint.resume = (std::filesystem::path(cfg.checkpoint.dir) / checkpoint_dir_name(t->step())).string();
     }

@@ -154,6 +154,27 @@ TEST_CASE("growth: a grown checkpoint's copies equal their source expert", "[cpu
     CHECK(floats(noisy.find(name)) == floats(before.find(name)));
   }
   CHECK(experts_checked == 2 * 2 * 3 * 3 * 3);  // layers × experts × projections × tensors × copies
+  // The same growth of a state held in memory gives the grown checkpoint's tensors, value for
+  // value, and consumes the held state (its tensors move into the result: no old + new peak).
+  for (const bool copy : {true, false}) {
+    INFO("moments " << (copy ? "copied" : "zero"));
+    HeldCheckpoint held;
+    held.config = checkpoint_config(src);
+    for (const std::string& name : before.names()) {
+      const SafetensorsTensor* t = before.find(name);
+      const std::vector<float> v = floats(t);
+      held.put(name, t->shape, HostFloats(v.begin(), v.end()));
+    }
+    const HeldCheckpoint grown = grow_held(std::move(held), {6, copy ? 0.0 : 0.5, copy, 7});
+    const HfTensorFiles& want = copy ? exact : noisy;
+    CHECK(held.tensors.empty());
+    CHECK(grown.config.moe.num_experts == 6);
+    CHECK(grown.tensors.size() == want.names().size());
+    for (const std::string& name : want.names()) {
+      INFO(name);
+      CHECK(floats(grown.find(name)) == floats(want.find(name)));
+    }
+  }
   CHECK_THROWS_WITH(grow_checkpoint(dir / "exact/step_2", {8, 0.0, true, 7}),
                     Catch::Matchers::Contains("cannot grow its 6 experts to 8 (not a multiple)"));
   // The grown checkpoint is a checkpoint of the 6-expert model: it exports with 6 experts, and a
