@@ -326,6 +326,12 @@ void HeldCheckpoint::put(const std::string& name, std::vector<int64_t> shape, Ho
   e.view.bytes = e.values.size() * sizeof(float);
 }
 
+size_t HeldCheckpoint::bytes() const {
+  size_t n = 0;
+  for (const auto& [name, h] : tensors) n += h.values.size() * sizeof(float);
+  return n;
+}
+
 const SafetensorsTensor* HeldCheckpoint::find(const std::string& name) const {
   auto it = tensors.find(name);
   return it == tensors.end() ? nullptr : &it->second.view;

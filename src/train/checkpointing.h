@@ -73,6 +73,7 @@ struct HeldCheckpoint {
 
   void put(const std::string& name, std::vector<int64_t> shape, HostFloats values);
   const SafetensorsTensor* find(const std::string& name) const;  // nullptr when absent
+  size_t bytes() const;  // of every tensor
 };
 // Every tensor of a one-rank run's state (weights and moments), staged to host memory.
 HeldCheckpoint hold_checkpoint(const Config& cfg, const ParamStore& params, const Optimizer& optim,

@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cmath>
 #include <deque>
 #include <filesystem>
@@ -176,15 +177,18 @@ Config grown_config(const Config& before, int64_t experts, const std::string& wh
   return load_config_text(dump_config(after), {}, where + " (grown)");
 }
 
-void log_growth(const std::string& what, int64_t from, const GrowthOptions& o) {
+void log_growth(const std::string& what, int64_t from, const GrowthOptions& o,
+                std::chrono::steady_clock::time_point began) {
   spdlog::info("growth: {} now holds {} experts per MoE layer (each of the {} copied {}×; router noise {}, "
-               "optimizer moments {})", what, o.experts, from, o.experts / from, o.noise,
-               o.copy_moments ? "copied" : "zero");
+               "optimizer moments {}; grown in {:.1f} s)", what, o.experts, from, o.experts / from, o.noise,
+               o.copy_moments ? "copied" : "zero",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
 }
 
 }  // namespace
 
 void grow_checkpoint(const std::string& dir, const GrowthOptions& o) {
+  const auto began = std::chrono::steady_clock::now();
   const Manifest m = verify_checkpoint(dir);
   const std::string where = dir + "/manifest.json config";
   const Config before = load_config_text(m.config, {}, where);
@@ -225,10 +229,11 @@ void grow_checkpoint(const std::string& dir, const GrowthOptions& o) {
   grown.config = dump_config(after);
   grown.state["grown_from_experts"] = before.moe.num_experts;
   w.commit(std::move(grown));
-  log_growth(dir, before.moe.num_experts, o);
+  log_growth(dir, before.moe.num_experts, o, began);
 }
 
 HeldCheckpoint grow_held(HeldCheckpoint&& held, const GrowthOptions& o) {
+  const auto began = std::chrono::steady_clock::now();
   HeldCheckpoint out;
   out.config = grown_config(held.config, o.experts, "the held state", "the held state's config");
   out.state = held.state;
@@ -260,7 +265,7 @@ HeldCheckpoint grow_held(HeldCheckpoint&& held, const GrowthOptions& o) {
     copier.copy(values.data(), false, e.tensor.data, false, e.tensor.bytes());
     out.put(e.name, std::move(shape), std::move(values));
   }
-  log_growth("the state held in memory", held.config.moe.num_experts, o);
+  log_growth("the state held in memory", held.config.moe.num_experts, o, began);
   return out;
 }
 

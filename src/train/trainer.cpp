@@ -47,6 +47,10 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 }  // namespace
 
 TokenLoaderOptions make_loader_options(const Config& cfg) {
@@ -347,13 +351,14 @@ void Trainer::resume_or_init() {
   }
   if (held_in_) {  // the next growth stage, from the state the last one held in memory
     tokenizer_ = held_in_->tokenizer;
+    const auto t0 = std::chrono::steady_clock::now();
     const TrainerState st = load_held_checkpoint(*held_in_, cfg_, *params_, *optim_);
     held_in_.reset();
     schedule_->broadcast_weights();
     step_ = st.step;
     consumed_samples_ = st.consumed_samples;
-    spdlog::info("continuing at step {} ({} samples consumed) from the state held in memory", step_,
-                 consumed_samples_);
+    spdlog::info("continuing at step {} ({} samples consumed) from the state held in memory (loaded in {:.1f} s)",
+                 step_, consumed_samples_, seconds_since(t0));
     return;
   }
   tokenizer_ = resolve_run_tokenizer(cfg_, dir);
@@ -618,9 +623,12 @@ void Trainer::run() {
       // The next stage's Trainer starts from the boundary checkpoint when one was due (it is
       // grown), else — on one rank — from the state held in host memory, which spares writing
       // and reading the model twice; several ranks go through the checkpoint.
+      grew_at_ = std::chrono::steady_clock::now();
       if (last_saved_step_ != step_ && world_.size == 1) {
         held_out_ = std::make_shared<HeldCheckpoint>(hold_checkpoint(cfg_, *params_, *optim_, drained_state()));
         held_out_->tokenizer = tokenizer_;
+        spdlog::info("growth: step {}: the state ({}) staged to host memory in {:.1f} s", step_,
+                     format_bytes(double(held_out_->bytes())), seconds_since(grew_at_));
       } else if (last_saved_step_ != step_) {
         save_checkpoint();
       }
@@ -640,16 +648,19 @@ RunOutcome train_run(Config cfg, World& world, const std::function<void(Trainer&
   std::shared_ptr<const HeldCheckpoint> next;  // the grown state, when held in memory
   Plan was;
   int64_t at = 0;
+  std::chrono::steady_clock::time_point since;  // the last stage's end
   for (bool first = true;; first = false) {
-    if (t) was = t->plan(), at = t->step();
+    if (t) was = t->plan(), at = t->step(), since = t->grew_at();
     t.reset();  // its memory goes before the next stage's is allocated
     t = std::make_unique<Trainer>(cfg, world, std::move(next));
     if (!first) {
       const Plan& now = t->plan();
       spdlog::info("growth: step {}: {} → {} experts per MoE layer; parameters {:.4g}M → {:.4g}M, optimizer "
-                   "state on the host {:.4g}M → {:.4g}M parameters, predicted step {:.4g} → {:.4g} ms",
+                   "state on the host {:.4g}M → {:.4g}M parameters, predicted step {:.4g} → {:.4g} ms; the "
+                   "boundary took {:.1f} s",
                    at, was.cfg.moe.num_experts, now.cfg.moe.num_experts, params_of(was) / 1e6, params_of(now) / 1e6,
-                   was.host_params / 1e6, now.host_params / 1e6, 1e3 * was.time.step, 1e3 * now.time.step);
+                   was.host_params / 1e6, now.host_params / 1e6, 1e3 * was.time.step, 1e3 * now.time.step,
+                   seconds_since(since));
     }
     started(*t, first);
     t->run();
@@ -658,7 +669,7 @@ RunOutcome train_run(Config cfg, World& world, const std::function<void(Trainer&
       const GrowthSchedule& g = t->growth();
       const GrowthOptions o{g.experts[size_t(t->growth_stage() + 1)], cfg.moe.growth_noise,
                             cfg.moe.growth_optimizer == "copy", uint64_t(cfg.train.seed)};
-      was = t->plan(), at = t->step();
+      was = t->plan(), at = t->step(), since = t->grew_at();
       t.reset();  // the old stage's memory goes first
       next = std::make_shared<const HeldCheckpoint>(grow_held(std::move(*held), o));
     } else {

@@ -5,6 +5,7 @@
 // gradients and update → metrics → evaluation → checkpoint.
 #pragma once
 
+#include <chrono>
 #include <functional>
 
 #include <memory>
@@ -70,6 +71,8 @@ class Trainer {
   // starts from the boundary checkpoint, already grown, or from take_held(), to be grown.
   void run();
   bool grew() const { return grew_; }
+  // When this stage ended at its growth boundary (before the state was staged or saved).
+  std::chrono::steady_clock::time_point grew_at() const { return grew_at_; }
   // After a growth on one rank with no checkpoint due at the boundary: the state, held in host
   // memory for the next stage (nullptr when the boundary checkpoint holds it).
   std::shared_ptr<HeldCheckpoint> take_held() { return std::move(held_out_); }
@@ -131,6 +134,7 @@ class Trainer {
   GrowthSchedule growth_;  // empty without moe.growth
   int stage_ = 0;
   bool grew_ = false;
+  std::chrono::steady_clock::time_point grew_at_;
   std::shared_ptr<const HeldCheckpoint> held_in_;  // the state this stage starts from, if in memory
   std::shared_ptr<HeldCheckpoint> held_out_;
 
