@@ -18,9 +18,9 @@ constexpr size_t kPieceBytes = size_t(256) << 10;  // a pool thread's claim of a
 }  // namespace
 
 BulkCopier::BulkCopier(int threads) {
-  const std::vector<int> cpus = allowed_cpus();
-  const int n = threads > 0 ? threads : std::min(int(cpus.size()), 16);
-  pool_ = std::make_unique<ThreadPool>(n, cpus);
+  // One thread per allowed CPU, as the host optimizer's pool: with `--bind-to none` every rank of
+  // a node pins its threads over all the node's CPUs, so ranks copying at once spread over them.
+  pool_ = std::make_unique<ThreadPool>(threads, allowed_cpus());
 }
 
 BulkCopier::~BulkCopier() = default;

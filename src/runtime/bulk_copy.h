@@ -20,7 +20,7 @@ class ThreadPool;
 
 class BulkCopier {
  public:
-  // Up to `threads` host threads (≤ 0: one per allowed CPU, at most 16).
+  // `threads` host threads (≤ 0: one per CPU this process may run on).
   explicit BulkCopier(int threads = 0);
   ~BulkCopier();
   BulkCopier(const BulkCopier&) = delete;
