@@ -4,12 +4,10 @@
 
 #include <spdlog/spdlog.h>
 
-#include <cstring>
-
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/safetensors.h"
-#include "runtime/bulk_copy.h"
 #include "config/schema.h"
+#include "runtime/bulk_copy.h"
 
 namespace mop {
 
