@@ -208,6 +208,10 @@ std::string save_checkpoint(const Config& cfg, const ParamStore& params, const O
     m.state["seed"] = state.seed;
     m.state["data_fingerprint"] = state.data_fingerprint;
     m.state["world_size"] = world.size;
+    if (state.growth_stages > 0) {
+      m.state["growth_stage"] = state.growth_stage;
+      m.state["growth_stages"] = state.growth_stages;
+    }
     saved = w->commit(std::move(m)).string();
     for (const auto& gone : prune_checkpoints(cfg.checkpoint.dir, int(cfg.checkpoint.keep_last)))
       spdlog::debug("removed old checkpoint {}", gone.string());

@@ -26,6 +26,8 @@ struct TrainerState {
   int64_t optimizer_updates = 0;
   uint64_t seed = 0;
   uint64_t data_fingerprint = 0;
+  // With moe.growth: the stage (1-based) of `stages` whose model this is; 0 without growth.
+  int64_t growth_stage = 0, growth_stages = 0;
 };
 
 // Writes <checkpoint.dir>/step_<N>/ and prunes old ones; every rank takes part (one rank per

@@ -227,7 +227,15 @@ void grow_checkpoint(const std::string& dir, const GrowthOptions& o) {
   Manifest grown = m;
   grown.files.clear();
   grown.config = dump_config(after);
+  Json::Object kept;  // a stage recorded before the growth is the previous one
+  for (auto& [key, value] : grown.state.as_object())
+    if (key != "growth_stage" && key != "growth_stages") kept.emplace_back(key, std::move(value));
+  grown.state = Json(std::move(kept));
   grown.state["grown_from_experts"] = before.moe.num_experts;
+  if (o.stage > 0) {
+    grown.state["growth_stage"] = o.stage;
+    grown.state["growth_stages"] = o.stages;
+  }
   w.commit(std::move(grown));
   log_growth(dir, before.moe.num_experts, o, began);
 }

@@ -43,12 +43,14 @@ struct GrowthOptions {
   double noise = 0;         // relative std of the noise on the copies' router rows
   bool copy_moments = true; // false: the experts' and the router's Adam moments start at zero
   uint64_t seed = 0;
+  int64_t stage = 0, stages = 0;  // the moe.growth stage the grown model begins (1-based), or 0
 };
 // Rewrites the checkpoint directory `dir` (step_N, whole and verified) in place, atomically, as
 // the same step with options.experts experts per MoE layer: expert e of E becomes experts
 // e·f … e·f + f − 1 (f = experts / E) with its gate/up/down weights (and moments, or zeros);
 // router row e is copied to rows e·f + i, rows i > 0 with N(0, (noise · rms(row))²) added. Every
-// other tensor and file (the tokenizer) is kept as it is; the manifest records the new config.
+// other tensor and file (the tokenizer) is kept as it is; the manifest records the new config
+// and, with options.stage, the stage (else it records none).
 void grow_checkpoint(const std::string& dir, const GrowthOptions& options);
 // The same for a state held in memory (a one-rank run's boundary without a checkpoint due): the
 // grown tensors, config, trainer state and tokenizer — what grow_checkpoint would write, value for

@@ -118,7 +118,7 @@ Trainer::Trainer(Config cfg, World& world, std::shared_ptr<const HeldCheckpoint>
         if (world_.is_root()) {
           spdlog::warn("growth: {} was saved at the end of stage {} but not grown; growing it", *from, stage_);
           grow_checkpoint(*from, {want, cfg.moe.growth_noise, cfg.moe.growth_optimizer == "copy",
-                                  uint64_t(cfg.train.seed)});
+                                  uint64_t(cfg.train.seed), stage_ + 1, growth_.stages()});
         }
         world_.comm->barrier();
       } else {
@@ -539,6 +539,7 @@ TrainerState Trainer::drained_state() {
   st.optimizer_updates = optim_->updates();
   st.seed = uint64_t(cfg_.train.seed);
   st.data_fingerprint = loader_->fingerprint();
+  if (!growth_.empty()) st.growth_stage = stage_ + 1, st.growth_stages = growth_.stages();
   return st;
 }
 
@@ -553,7 +554,8 @@ void Trainer::save_checkpoint() {
   if (growth_.is_boundary(step_)) {
     if (world_.is_root())
       grow_checkpoint(dir, {growth_.experts[size_t(stage_ + 1)], cfg_.moe.growth_noise,
-                            cfg_.moe.growth_optimizer == "copy", uint64_t(cfg_.train.seed)});
+                            cfg_.moe.growth_optimizer == "copy", uint64_t(cfg_.train.seed), stage_ + 2,
+                            growth_.stages()});
     world_.comm->barrier();
   }
 }

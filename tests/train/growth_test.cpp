@@ -34,6 +34,11 @@ std::string growth_yaml(const std::string& data, const std::string& ckpt, const 
          "log: {interval: 1}\n";
 }
 
+int64_t stage_of(const std::string& checkpoint) {
+  const Json* s = read_manifest(checkpoint).state.find("growth_stage");
+  return s ? s->as_int64() : 0;
+}
+
 std::string bytes_of(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
@@ -113,6 +118,7 @@ TEST_CASE("growth: a grown checkpoint's copies equal their source expert", "[cpu
   const HfTensorFiles before(src), exact(dir / "exact/step_2"), noisy(dir / "noisy/step_2");
   CHECK(checkpoint_config(dir / "exact/step_2").moe.num_experts == 6);
   CHECK(read_manifest(dir / "exact/step_2").step == 2);
+  CHECK(stage_of(dir / "exact/step_2") == 0);  // grown outside a schedule: no stage recorded
   CHECK(bytes_of(dir / "exact/step_2/tokenizer.json") == "{\"kept\": true}");
   int64_t experts_checked = 0;
   for (const std::string& name : before.names()) {
@@ -227,6 +233,9 @@ TEST_CASE("growth: a run resumed before, at and after a boundary equals one that
         CHECK(got[i].at("loss").dump() == want[i].at("loss").dump());
         CHECK(got[i].at("grad_norm").dump() == want[i].at("grad_norm").dump());
       }
+      // Each checkpoint's manifest records the stage whose model it holds (a boundary's: the next).
+      CHECK(stage_of(split + "/step_" + std::to_string(stop)) == (stop < 3 ? 1 : 2));
+      CHECK(stage_of(split + "/step_9") == 3);
       CHECK(bytes_of(split + "/step_9/model.safetensors") == bytes_of(straight + "/step_9/model.safetensors"));
       CHECK(bytes_of(split + "/step_9/optimizer.safetensors") == bytes_of(straight + "/step_9/optimizer.safetensors"));
     }
@@ -244,6 +253,7 @@ TEST_CASE("growth: a run resumed before, at and after a boundary equals one that
   INFO(b.output);
   REQUIRE(b.code == 0);
   CHECK(b.output.find("was saved at the end of stage 1 but not grown; growing it") != std::string::npos);
+  CHECK(stage_of(late + "/step_3") == 2);
   const auto want = test::read_metrics(straight + "/metrics.jsonl"), got = test::read_metrics(late + "/metrics.jsonl");
   REQUIRE(got.size() == want.size());
   for (size_t i = 0; i < want.size(); ++i) CHECK(got[i].at("loss").dump() == want[i].at("loss").dump());
