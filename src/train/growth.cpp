@@ -74,6 +74,11 @@ GrowthSchedule growth_schedule(const Config& cfg) {
   return g;
 }
 
+GrowthOptions growth_options(const Config& cfg, const GrowthSchedule& schedule, int stage) {
+  return {schedule.experts[size_t(stage)], cfg.moe.growth_noise, cfg.moe.growth_optimizer == "copy",
+          uint64_t(cfg.train.seed), stage + 1, schedule.stages()};
+}
+
 Config stage_config(const Config& cfg, const GrowthSchedule& schedule, int stage) {
   Config c = cfg;
   if (!schedule.empty()) c.moe.num_experts = schedule.experts[size_t(stage)];
@@ -119,8 +124,11 @@ std::vector<SafetensorsEntry> grown_tensors(const Config& before, const Config& 
     for (int i = 0; i < v.ndim; ++i) v.shape[i] = shape[size_t(i)];
     return v;
   };
+  // Zeros for fresh moments: as large as the largest expert or router tensor (none when copied).
+  size_t at = 0, len = 0;
   int64_t largest = 0;
   for (const HfView& v : layout.hf_views()) {
+    if (o.copy_moments || (expert_of(v.name, &at, &len) < 0 && !is_router(v.name))) continue;
     int64_t n = 1;
     for (int64_t d : v.shape) n *= d;
     largest = std::max(largest, n);
@@ -130,7 +138,6 @@ std::vector<SafetensorsEntry> grown_tensors(const Config& before, const Config& 
   const char* suffix[3] = {"", ".exp_avg", ".exp_avg_sq"};
   for (int k = 0; k < 3; ++k)
     for (const HfView& v : layout.hf_views()) {
-      size_t at = 0, len = 0;
       const int64_t j = expert_of(v.name, &at, &len);
       const bool router = is_router(v.name);
       std::string src = v.name;

@@ -45,6 +45,8 @@ struct GrowthOptions {
   uint64_t seed = 0;
   int64_t stage = 0, stages = 0;  // the moe.growth stage the grown model begins (1-based), or 0
 };
+// The options of the growth into stage `stage` (0-based) of `schedule`, from cfg.moe.
+GrowthOptions growth_options(const Config& cfg, const GrowthSchedule& schedule, int stage);
 // Rewrites the checkpoint directory `dir` (step_N, whole and verified) in place, atomically, as
 // the same step with options.experts experts per MoE layer: expert e of E becomes experts
 // e·f … e·f + f − 1 (f = experts / E) with its gate/up/down weights (and moments, or zeros);

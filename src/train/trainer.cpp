@@ -117,8 +117,7 @@ Trainer::Trainer(Config cfg, World& world, std::shared_ptr<const HeldCheckpoint>
       if (has != want && stage_ > 0 && growth_.is_boundary(step) && has == growth_.experts[size_t(stage_ - 1)]) {
         if (world_.is_root()) {
           spdlog::warn("growth: {} was saved at the end of stage {} but not grown; growing it", *from, stage_);
-          grow_checkpoint(*from, {want, cfg.moe.growth_noise, cfg.moe.growth_optimizer == "copy",
-                                  uint64_t(cfg.train.seed), stage_ + 1, growth_.stages()});
+          grow_checkpoint(*from, growth_options(cfg, growth_, stage_));
         }
         world_.comm->barrier();
       } else {
@@ -553,9 +552,7 @@ void Trainer::save_checkpoint() {
   // At the end of a stage the checkpoint becomes the next stage's model.
   if (growth_.is_boundary(step_)) {
     if (world_.is_root())
-      grow_checkpoint(dir, {growth_.experts[size_t(stage_ + 1)], cfg_.moe.growth_noise,
-                            cfg_.moe.growth_optimizer == "copy", uint64_t(cfg_.train.seed), stage_ + 2,
-                            growth_.stages()});
+      grow_checkpoint(dir, growth_options(cfg_, growth_, stage_ + 1));
     world_.comm->barrier();
   }
 }
@@ -646,15 +643,12 @@ void Trainer::run() {
 
 RunOutcome train_run(Config cfg, World& world, const std::function<void(Trainer&, bool first)>& started) {
   auto params_of = [](const Plan& p) { return double(ModelLayout::build(ModelDims::from(p.cfg)).num_params()); };
-  std::unique_ptr<Trainer> t;
   std::shared_ptr<const HeldCheckpoint> next;  // the grown state, when held in memory
   Plan was;
   int64_t at = 0;
   std::chrono::steady_clock::time_point since;  // the last stage's end
   for (bool first = true;; first = false) {
-    if (t) was = t->plan(), at = t->step(), since = t->grew_at();
-    t.reset();  // its memory goes before the next stage's is allocated
-    t = std::make_unique<Trainer>(cfg, world, std::move(next));
+    auto t = std::make_unique<Trainer>(cfg, world, std::move(next));
     if (!first) {
       const Plan& now = t->plan();
       spdlog::info("growth: step {}: {} → {} experts per MoE layer; parameters {:.4g}M → {:.4g}M, optimizer "
@@ -667,16 +661,14 @@ RunOutcome train_run(Config cfg, World& world, const std::function<void(Trainer&
     started(*t, first);
     t->run();
     if (!t->grew()) return {t->step(), t->stop_signal()};
-    if (std::shared_ptr<HeldCheckpoint> held = t->take_held()) {
-      const GrowthSchedule& g = t->growth();
-      const GrowthOptions o{g.experts[size_t(t->growth_stage() + 1)], cfg.moe.growth_noise,
-                            cfg.moe.growth_optimizer == "copy", uint64_t(cfg.train.seed)};
-      was = t->plan(), at = t->step(), since = t->grew_at();
-      t.reset();  // the old stage's memory goes first
+    std::shared_ptr<HeldCheckpoint> held = t->take_held();
+    const GrowthOptions o = growth_options(cfg, t->growth(), t->growth_stage() + 1);
+    was = t->plan(), at = t->step(), since = t->grew_at();
+    t.reset();  // the old stage's memory goes before the grown state and the next stage's
+    if (held)
       next = std::make_shared<const HeldCheckpoint>(grow_held(std::move(*held), o));
-    } else {
-      cfg.checkpoint.resume = (std::filesystem::path(cfg.checkpoint.dir) / checkpoint_dir_name(t->step())).string();
-    }
+    else
+      cfg.checkpoint.resume = (std::filesystem::path(cfg.checkpoint.dir) / checkpoint_dir_name(at)).string();
   }
 }
 
