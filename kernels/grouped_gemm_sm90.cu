@@ -48,15 +48,20 @@ size_t grouped_gemm_sm90_workspace_bytes() {
                    sm90::bwd_weight_workspace_bytes()});
 }
 
+namespace {
+bool is_bwd_weight(GroupedGemmSm90Op op) {
+  return op == GroupedGemmSm90Op::BwdWeight || op == GroupedGemmSm90Op::BwdWeightWrite;
+}
+}  // namespace
+
 int grouped_gemm_sm90_num_configs(GroupedGemmSm90Op op) {
-  return op == GroupedGemmSm90Op::BwdWeight ? sm90::bwd_weight_num_configs() : sm90::kNumConfigs;
+  return is_bwd_weight(op) ? sm90::bwd_weight_num_configs() : sm90::kNumConfigs;
 }
 
 const char* grouped_gemm_sm90_config_name(GroupedGemmSm90Op op, int config) {
   MOP_CHECK(config >= 0 && config < grouped_gemm_sm90_num_configs(op), "grouped_gemm_sm90: config ",
             config);
-  return op == GroupedGemmSm90Op::BwdWeight ? sm90::bwd_weight_config_name(config)
-                                            : sm90::kConfigNames[config];
+  return is_bwd_weight(op) ? sm90::bwd_weight_config_name(config) : sm90::kConfigNames[config];
 }
 
 void grouped_gemm_sm90(GroupedGemmSm90Op op, const GroupedGemmSm90Expert* experts,
@@ -82,7 +87,8 @@ void grouped_gemm_sm90(GroupedGemmSm90Op op, const GroupedGemmSm90Expert* expert
     case GroupedGemmSm90Op::BwdData:
       return sm90::run_config<GroupedGemmSm90Op::BwdData>(l, c < 0 ? sm90::kDefaultConfig : c);
     case GroupedGemmSm90Op::BwdWeight:
-      return sm90::run_bwd_weight(l, c);
+    case GroupedGemmSm90Op::BwdWeightWrite:
+      return sm90::run_bwd_weight(l, c, op == GroupedGemmSm90Op::BwdWeight);
   }
 }
 

@@ -16,8 +16,9 @@ namespace mop::kernels {
 //   Fwd        y_e[rows_e,n]  = x_e[rows_e,k] · w_eᵀ     a = x_e,  b = w_e, d = y_e  (bf16)
 //   BwdData    dx_e[rows_e,k] = dy_e[rows_e,n] · w_e     a = dy_e, b = w_e, d = dx_e (bf16)
 //   BwdWeight  dw_e[n,k]     += dy_eᵀ · x_e              a = dy_e, b = x_e, d = dw_e (fp32)
+//   BwdWeightWrite  dw_e[n,k] = dy_eᵀ · x_e              the same, dw_e written, never read
 // All operands are contiguous row-major; accumulation is fp32.
-enum class GroupedGemmSm90Op { Fwd, BwdData, BwdWeight };
+enum class GroupedGemmSm90Op { Fwd, BwdData, BwdWeight, BwdWeightWrite };
 
 struct GroupedGemmSm90Expert {
   const void* a;

@@ -57,6 +57,7 @@ struct TileConfig {
 //   Fwd        M = rows, N = n, K = k:  A = x_e RowMajor,     B = w_e [n,k] ColumnMajor
 //   BwdData    M = rows, N = k, K = n:  A = dy_e RowMajor,    B = w_e [n,k] RowMajor
 //   BwdWeight  M = n, N = k, K = rows:  A = dy_eᵀ ColumnMajor, B = x_e RowMajor, C = D (beta 1)
+//   BwdWeightWrite                      the same without C (beta 0: dw is not read)
 template <GroupedGemmSm90Op kOp>
 struct OpTraits;
 template <>
@@ -79,6 +80,10 @@ struct OpTraits<GroupedGemmSm90Op::BwdWeight> {
   using LayoutB = cutlass::layout::RowMajor;
   using ElementC = float;  // dw_e += …: read and written in place
   using ElementD = float;
+};
+template <>
+struct OpTraits<GroupedGemmSm90Op::BwdWeightWrite> : OpTraits<GroupedGemmSm90Op::BwdWeight> {
+  using ElementC = void;  // dw_e = …: half the fp32 traffic
 };
 
 template <GroupedGemmSm90Op kOp, class Config>
@@ -277,7 +282,7 @@ size_t workspace_bytes() {
 // The bwd_weight translation unit's entry points.
 int bwd_weight_num_configs();
 const char* bwd_weight_config_name(int config);
-void run_bwd_weight(const Launch& l, int config);
+void run_bwd_weight(const Launch& l, int config, bool accumulate);
 size_t bwd_weight_workspace_bytes();
 
 }  // namespace mop::kernels::sm90

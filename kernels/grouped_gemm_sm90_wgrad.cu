@@ -23,7 +23,19 @@ using Coop128x256 = TileConfig<Shape<_128, _256, _64>, Shape<_1, _1, _1>, false>
 constexpr const char* kConfigNames[] = {"pingpong 128x128x64 epilogue 64x64",
                                         "cooperative 128x256x64 cluster 1x1"};
 constexpr int kDefaultConfig = 0;
-constexpr GroupedGemmSm90Op kOp = GroupedGemmSm90Op::BwdWeight;
+constexpr GroupedGemmSm90Op kAdd = GroupedGemmSm90Op::BwdWeight;
+constexpr GroupedGemmSm90Op kWrite = GroupedGemmSm90Op::BwdWeightWrite;
+
+template <GroupedGemmSm90Op kOp>
+void run_config(const Launch& l, int config) {
+  switch (config < 0 ? kDefaultConfig : config) {
+    case 0:
+      return run<kOp, Pingpong128x128Epi64x64>(l);
+    case 1:
+      return run<kOp, Coop128x256>(l);
+  }
+  MOP_UNREACHABLE("grouped_gemm_sm90: bwd_weight config ", config);
+}
 
 }  // namespace
 
@@ -35,19 +47,14 @@ const char* bwd_weight_config_name(int config) {
   return kConfigNames[config];
 }
 
-void run_bwd_weight(const Launch& l, int config) {
-  switch (config < 0 ? kDefaultConfig : config) {
-    case 0:
-      return run<kOp, Pingpong128x128Epi64x64>(l);
-    case 1:
-      return run<kOp, Coop128x256>(l);
-  }
-  MOP_UNREACHABLE("grouped_gemm_sm90: bwd_weight config ", config);
+void run_bwd_weight(const Launch& l, int config, bool accumulate) {
+  return accumulate ? run_config<kAdd>(l, config) : run_config<kWrite>(l, config);
 }
 
 size_t bwd_weight_workspace_bytes() {
-  return std::max(workspace_bytes<kOp, Pingpong128x128Epi64x64>(),
-                  workspace_bytes<kOp, Coop128x256>());
+  return std::max(
+      {workspace_bytes<kAdd, Pingpong128x128Epi64x64>(), workspace_bytes<kAdd, Coop128x256>(),
+       workspace_bytes<kWrite, Pingpong128x128Epi64x64>(), workspace_bytes<kWrite, Coop128x256>()});
 }
 
 }  // namespace mop::kernels::sm90

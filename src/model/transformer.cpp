@@ -147,16 +147,16 @@ void Transformer::experts_fwd(const LayerParams& P, const Acts& a, const ExpertD
 }
 
 void Transformer::experts_bwd(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
-                              const Tensor& x, const Tensor& dy, Tensor dx) {
+                              const Tensor& x, const Tensor& dy, Tensor dx, bool write) {
   const int64_t r0 = k.row0, r1 = k.row0 + k.rows;
   Tensor gu = arena_.tensor(a.gu).rows(r0, r1), h = arena_.tensor(a.h).rows(r0, r1);
   Tensor dh = arena_.tensor(s_.dh).rows(r0, r1), dgu = arena_.tensor(s_.dgu).rows(r0, r1);
   Tensor dyk = dy.rows(r0, r1), xk = x.rows(r0, r1);
   ops_.grouped_gemm_bwd_data(dh, dyk, W(P.experts_down).rows(k.e0, k.e1), k.offsets);
-  ops_.grouped_gemm_bwd_weight(G(P.experts_down).rows(k.e0, k.e1), dyk, h, k.offsets);
+  ops_.grouped_gemm_bwd_weight(G(P.experts_down).rows(k.e0, k.e1), dyk, h, k.offsets, !write);
   ops_.swiglu_bwd(dgu, dh, gu);
   ops_.grouped_gemm_bwd_data(dx.rows(r0, r1), dgu, W(P.experts_gate_up).rows(k.e0, k.e1), k.offsets);
-  ops_.grouped_gemm_bwd_weight(G(P.experts_gate_up).rows(k.e0, k.e1), dgu, xk, k.offsets);
+  ops_.grouped_gemm_bwd_weight(G(P.experts_gate_up).rows(k.e0, k.e1), dgu, xk, k.offsets, !write);
 }
 
 // The routed experts on `rows` permuted rows xp → yp (their group sizes on the host): this rank's
@@ -181,15 +181,22 @@ void Transformer::routed_fwd(const LayerParams& P, const Acts& a, const Tensor& 
 // The backward of routed_fwd's last call: dyp → dxp (ep > 1: the forward's plan, the same rows
 // travelling back the other way).
 void Transformer::routed_bwd(const LayerParams& P, const Acts& a, const Tensor& offsets_host,
-                             const Tensor& xp, const Tensor& dyp, Tensor dxp) {
+                             const Tensor& xp, const Tensor& dyp, Tensor dxp, bool write) {
   if (ep_ > 1) {
     ExpertDispatcher& disp = *dispatch_[size_t(&a - acts_.data())];
     const int64_t rows = disp.rows_in();
+    // The dispatcher skips a chunk without rows: written gradients of its experts are zeros.
+    for (int c = 0; write && c < disp.num_chunks(); ++c) {
+      const ExpertDispatcher::Chunk k = disp.chunk(c);
+      if (k.rows) continue;
+      ops_.fill(G(P.experts_down).rows(k.e0, k.e1), 0);
+      ops_.fill(G(P.experts_gate_up).rows(k.e0, k.e1), 0);
+    }
     Tensor dypl = act(s_.dyp_local, rows), dxpl = act(s_.dxp_local, rows), xpl = act(a.xp_local, rows);
     disp.run(dyp, dxp, dypl, dxpl, arena_.tensor(s_.dispatch_scratch),
-             [&](const ExpertDispatcher::Chunk& k) { experts_bwd(P, a, k, xpl, dypl, dxpl); });
+             [&](const ExpertDispatcher::Chunk& k) { experts_bwd(P, a, k, xpl, dypl, dxpl, write); });
   } else {
-    experts_bwd(P, a, {0, d_.experts_local, 0, xp.shape[0], offsets_host}, xp, dyp, dxp);
+    experts_bwd(P, a, {0, d_.experts_local, 0, xp.shape[0], offsets_host}, xp, dyp, dxp, write);
   }
 }
 
@@ -267,7 +274,7 @@ void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln
   if (!opt_.plan.chunked(T)) {
     Tensor slot_of = act(a.slot_of, TK), yp = act(a.yp, TK), dyp = act(s_.dyp, TK), dxp = act(s_.dxp, TK);
     ops_.moe_unpermute_bwd(dyp, dtopk_w, dx, yp, slot_of, topk_w);
-    routed_bwd(P, a, host_arena_.tensor(a.offsets_host), act(a.xp, TK), dyp, dxp);
+    routed_bwd(P, a, host_arena_.tensor(a.offsets_host), act(a.xp, TK), dyp, dxp, write_experts_);
     ops_.moe_permute_bwd(dln, dxp, slot_of, int(K), /*accumulate=*/false);
   } else {
     // Chunk by chunk: the chunk's experts again (their activations were not kept), then their
@@ -279,7 +286,9 @@ void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln
       Tensor dyp = act(s_.dyp, nK), dxp = act(s_.dxp, nK);
       ops_.moe_unpermute_bwd(dyp, dtopk_w.rows(t0, t0 + n), dx.rows(t0, t0 + n), yp, slot_of,
                              topk_w.rows(t0, t0 + n));
-      routed_bwd(P, a, host_arena_.tensor(a.c_offsets_host), act(a.xp, nK), dyp, dxp);
+      // The first chunk writes the experts' gradients (with write_experts_), the others add.
+      routed_bwd(P, a, host_arena_.tensor(a.c_offsets_host), act(a.xp, nK), dyp, dxp,
+                 write_experts_ && t0 == 0);
       ops_.moe_permute_bwd(dln.rows(t0, t0 + n), dxp, slot_of, int(K), /*accumulate=*/false);
     }
   }
@@ -500,7 +509,9 @@ void Transformer::run_forward(const Batch& b, float aux_scale, bool training, fl
 
 void Transformer::forward(const Batch& b, float aux_scale) { run_forward(b, aux_scale, false); }
 
-void Transformer::forward_backward(const Batch& b, float ce_scale, float aux_scale) {
+void Transformer::forward_backward(const Batch& b, float ce_scale, float aux_scale,
+                                   bool write_experts) {
+  write_experts_ = write_experts;
   run_forward(b, aux_scale, true, ce_scale);
   const int64_t T = int64_t(b.batch) * b.seq;
   const int L = int(d_.layers);

@@ -79,8 +79,12 @@ class Transformer {
   // Forward and backward of one micro-batch; parameter gradients accumulate (+=) into the store.
   // Each unmasked token's CE is weighted by ce_scale in the loss (1 / unmasked tokens of the whole
   // optimizer step); the router losses of this micro-batch by aux_scale (1 / micro-batches).
-  // Loss terms accumulate on the device; read them with take_losses().
-  void forward_backward(const Batch& b, float ce_scale, float aux_scale);
+  // Loss terms accumulate on the device; read them with take_losses(). write_experts: the routed
+  // experts' weight gradients (most of an MoE's parameters) are written, not added to — the
+  // first micro-batch of a step, whose caller then zeroes only the other gradients; the values
+  // are those of adding to zeros.
+  void forward_backward(const Batch& b, float ce_scale, float aux_scale,
+                        bool write_experts = false);
   void forward(const Batch& b, float aux_scale);
   LossTerms take_losses();  // returns the sums since the last call and resets them
 
@@ -102,8 +106,9 @@ class Transformer {
   void moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor losses, float aux_scale,
                bool experts);
   void routed_fwd(const LayerParams& P, const Acts& a, const Tensor& offsets_host, Tensor xp, Tensor yp);
+  // write: the experts' weight gradients are written (forward_backward's write_experts).
   void routed_bwd(const LayerParams& P, const Acts& a, const Tensor& offsets_host, const Tensor& xp,
-                  const Tensor& dyp, Tensor dxp);
+                  const Tensor& dyp, Tensor dxp, bool write);
   Tensor chunk_experts_fwd(const LayerParams& P, const Acts& a, int64_t T, int64_t t0, int64_t n);
   // A layer's attention output [T,Q] and lse [T·Nq]: its kept ones on the device, else the set's.
   Tensor attn_of(int l, const Acts& a, int64_t T) const;
@@ -111,7 +116,7 @@ class Transformer {
   void experts_fwd(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
                    const Tensor& x, Tensor y);
   void experts_bwd(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
-                   const Tensor& x, const Tensor& dy, Tensor dx);
+                   const Tensor& x, const Tensor& dy, Tensor dx, bool write);
   void moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln, float aux_scale);
   void ffn_fwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor x_out, int64_t T);
   void ffn_bwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor dy, Tensor dx,
@@ -142,6 +147,7 @@ class Transformer {
   void attention_bwd(const Acts& a, const Batch& b, int64_t T, const Tensor& attn, const Tensor& lse);
   std::unique_ptr<SavedActivations> saved_;  // with recompute
   bool training_ = false;                    // the forward running is followed by a backward
+  bool write_experts_ = false;               // forward_backward's write_experts, for moe_bwd
   SegmentHooks hooks_;
   void before_forward(int segment) {
     if (hooks_.before_forward) hooks_.before_forward(segment);

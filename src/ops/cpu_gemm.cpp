@@ -231,7 +231,8 @@ void grouped_gemm_bwd_data(Tensor dx, const Tensor& dy, const Tensor& w, const T
   });
 }
 
-void grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& offsets) {
+void grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                             bool accumulate) {
   DType dt = compute_dtype(dw, "grouped_gemm_bwd_weight: dw");
   MOP_CHECK(dw.ndim == 3 && x.ndim == 2 && dy.ndim == 2, "grouped_gemm_bwd_weight: dw ",
             dw.shape_str(), ", x ", x.shape_str(), ", dy ", dy.shape_str());
@@ -244,10 +245,14 @@ void grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x, const
     using T = decltype(tag);
     for (int64_t e = 0; e < num_experts; ++e) {
       const int64_t rows = o[e + 1] - o[e];
-      if (rows == 0) continue;  // dw_e += 0
-      // dw_e[n,k] += dy_e[rows,n]ᵀ · x_e[rows,k].
-      gemm_op(dw.ptr<T>() + e * n * k, dy.ptr<T>() + o[e] * n, true, x.ptr<T>() + o[e] * k, false,
-              n, k, rows, T(1), T(1));
+      T* dw_e = dw.ptr<T>() + e * n * k;
+      if (rows == 0) {  // dw_e += 0, or dw_e = 0
+        if (!accumulate) std::fill(dw_e, dw_e + n * k, T(0));
+        continue;
+      }
+      // dw_e[n,k] (+)= dy_e[rows,n]ᵀ · x_e[rows,k]: the kernel's sums start from dw_e or from 0.
+      gemm_op(dw_e, dy.ptr<T>() + o[e] * n, true, x.ptr<T>() + o[e] * k, false, n, k, rows, T(1),
+              T(accumulate ? 1 : 0));
     }
   });
 }

@@ -28,9 +28,9 @@ class CpuOps final : public Ops {
                              const Tensor& offsets) override {
     cpu::grouped_gemm_bwd_data(dx, dy, w, offsets);
   }
-  void grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x,
-                               const Tensor& offsets) override {
-    cpu::grouped_gemm_bwd_weight(dw, dy, x, offsets);
+  void grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                               bool accumulate = true) override {
+    cpu::grouped_gemm_bwd_weight(dw, dy, x, offsets, accumulate);
   }
 
   void embedding_fwd(Tensor out, const Tensor& ids, const Tensor& table) override {

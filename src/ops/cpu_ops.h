@@ -57,7 +57,8 @@ void gemm(Tensor c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b
           float beta);
 void grouped_gemm_fwd(Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets);
 void grouped_gemm_bwd_data(Tensor dx, const Tensor& dy, const Tensor& w, const Tensor& offsets);
-void grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& offsets);
+void grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                             bool accumulate = true);
 
 // ---- cpu_norm.cpp (RMSNorm, RoPE) -------------------------------------------------------------
 void rmsnorm_fwd(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps);

@@ -50,8 +50,8 @@ class CudaOps final : public Ops {
   void grouped_gemm_fwd(Tensor y, const Tensor& x, const Tensor& w, const Tensor& offsets) override;
   void grouped_gemm_bwd_data(Tensor dx, const Tensor& dy, const Tensor& w,
                              const Tensor& offsets) override;
-  void grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x,
-                               const Tensor& offsets) override;
+  void grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& offsets,
+                               bool accumulate = true) override;
 
   void embedding_fwd(Tensor out, const Tensor& ids, const Tensor& table) override;
   void embedding_bwd(Tensor dtable, const Tensor& ids, const Tensor& dout) override;

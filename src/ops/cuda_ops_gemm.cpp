@@ -81,7 +81,7 @@ int requested_sm90_config(GroupedGemmSm90Op op) {
       break;
     }
   }
-  const long mine = count == 1 ? c[0] : c[int(op)];
+  const long mine = count == 1 ? c[0] : c[op == GroupedGemmSm90Op::BwdWeightWrite ? 2 : int(op)];
   const int num = kernels::grouped_gemm_sm90_num_configs(op);
   if (*at || (count != 1 && count != 3) || mine < 0 || mine >= num)
     throw_user_error("MOP_GROUPED_GEMM_CONFIG=", v, ": expected one index or three (fwd,",
@@ -350,8 +350,8 @@ void run_sm90(GemmState& st, GroupedGemmSm90Op op, int64_t n, int64_t k) {
   const int64_t num = int64_t(st.calls.size());
   st.reserve_groups(num);
   st.sm90_experts.clear();
-  for (const GemmCall& g : st.calls)
-    st.sm90_experts.push_back({g.a, g.b, g.c, op == GroupedGemmSm90Op::BwdWeight ? g.k : g.m});
+  const bool by_rows = op == GroupedGemmSm90Op::Fwd || op == GroupedGemmSm90Op::BwdData;
+  for (const GemmCall& g : st.calls) st.sm90_experts.push_back({g.a, g.b, g.c, by_rows ? g.m : g.k});
   int slot = 0;
   void* host = st.acquire_slot(&slot);
   kernels::grouped_gemm_sm90(op, st.sm90_experts.data(), num, n, k, host, st.args.data(),
@@ -499,7 +499,7 @@ void CudaOps::grouped_gemm_bwd_data(Tensor dx, const Tensor& dy, const Tensor& w
 }
 
 void CudaOps::grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x,
-                                      const Tensor& offsets) {
+                                      const Tensor& offsets, bool accumulate) {
   MOP_CHECK(dw.ndim == 3 && x.ndim == 2 && dy.ndim == 2, "grouped_gemm_bwd_weight: dw ",
             dw.shape_str(), ", x ", x.shape_str(), ", dy ", dy.shape_str());
   const int64_t num_experts = dw.shape[0], n = dw.shape[1], k = dw.shape[2];
@@ -510,14 +510,22 @@ void CudaOps::grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor&
                                    "grouped_gemm_bwd_weight");
   GemmState& st = gemm_state(gemm_, stream_);
   st.calls.clear();
-  for (int64_t e = 0; e < num_experts; ++e) {
-    const int64_t rows = o[e + 1] - o[e];
-    if (rows == 0) continue;  // dw_e += 0: left untouched
-    // dw_e[n,k] += dy_e[rows,n]ᵀ · x_e[rows,k]; fp32 C, so never the grouped path.
+  int64_t zero_from = -1;  // writing: a run of experts without rows [zero_from, e) is set to 0
+  for (int64_t e = 0; e <= num_experts; ++e) {
+    const int64_t rows = e < num_experts ? o[e + 1] - o[e] : -1;
+    if (!accumulate && rows == 0 && zero_from < 0) zero_from = e;
+    if (rows != 0 && zero_from >= 0) {
+      MOP_CUDA_CHECK(cudaMemsetAsync(elem(dw, zero_from * n * k), 0,
+                                     size_t((e - zero_from) * n * k) * sizeof(float), stream_));
+      zero_from = -1;
+    }
+    if (rows <= 0) continue;  // accumulating: dw_e += 0 leaves it untouched
+    // dw_e[n,k] (+)= dy_e[rows,n]ᵀ · x_e[rows,k]; fp32 C, so never the grouped path.
     st.calls.push_back({elem(dw, e * n * k), DType::F32, elem(dy, o[e] * n), true,
-                        elem(x, o[e] * k), false, n, k, rows, 1, 1});
+                        elem(x, o[e] * k), false, n, k, rows, 1, accumulate ? 1.0f : 0.0f});
   }
-  run_expert_gemms(st, GroupedGemmSm90Op::BwdWeight, n, k);
+  run_expert_gemms(
+      st, accumulate ? GroupedGemmSm90Op::BwdWeight : GroupedGemmSm90Op::BwdWeightWrite, n, k);
 }
 
 void CudaOps::lmhead_ce_fwd(Tensor loss, Tensor lse, const Tensor& x, const Tensor& w,

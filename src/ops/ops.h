@@ -92,9 +92,13 @@ class Ops {
   // dx = dy · w_e
   virtual void grouped_gemm_bwd_data(Tensor dx /*[R,K]*/, const Tensor& dy /*[R,N]*/,
                                      const Tensor& w, const Tensor& offsets) = 0;
-  // dw_e += dy_eᵀ · x_e
+  // dw_e += dy_eᵀ · x_e; with accumulate false dw_e = dy_eᵀ · x_e, and 0 for an expert with no
+  // rows (the first micro-batch of a step writes the experts' gradients: no zeroing, no fp32
+  // read). Either way the sum over rows starts from dw_e's old value or from +0 and runs in the
+  // same order, so writing equals adding to zeros bit for bit on the CPU.
   virtual void grouped_gemm_bwd_weight(Tensor dw /*[E,N,K]*/, const Tensor& dy /*[R,N]*/,
-                                       const Tensor& x /*[R,K]*/, const Tensor& offsets) = 0;
+                                       const Tensor& x /*[R,K]*/, const Tensor& offsets,
+                                       bool accumulate = true) = 0;
 
   // ---- embedding -----------------------------------------------------------------------------
   // out[t] = table[ids[t]]; ids I32 [T], table [V,H], out [T,H].

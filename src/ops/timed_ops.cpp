@@ -210,8 +210,9 @@ void TimedOps::grouped_gemm_fwd(Tensor y, const Tensor& x, const Tensor& w, cons
 void TimedOps::grouped_gemm_bwd_data(Tensor dx, const Tensor& dy, const Tensor& w, const Tensor& o) {
   MOP_TIMED(Experts, grouped_gemm_bwd_data(dx, dy, w, o));
 }
-void TimedOps::grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& o) {
-  MOP_TIMED(Experts, grouped_gemm_bwd_weight(dw, dy, x, o));
+void TimedOps::grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& o,
+                                       bool accumulate) {
+  MOP_TIMED(Experts, grouped_gemm_bwd_weight(dw, dy, x, o, accumulate));
 }
 void TimedOps::embedding_fwd(Tensor out, const Tensor& ids, const Tensor& table) {
   MOP_TIMED(Other, embedding_fwd(out, ids, table));

@@ -75,7 +75,8 @@ class TimedOps final : public Ops {
   void gemm(Tensor c, const Tensor& a, bool ta, const Tensor& b, bool tb, float alpha, float beta) override;
   void grouped_gemm_fwd(Tensor y, const Tensor& x, const Tensor& w, const Tensor& o) override;
   void grouped_gemm_bwd_data(Tensor dx, const Tensor& dy, const Tensor& w, const Tensor& o) override;
-  void grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& o) override;
+  void grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& o,
+                               bool accumulate = true) override;
   void embedding_fwd(Tensor out, const Tensor& ids, const Tensor& table) override;
   void embedding_bwd(Tensor dtable, const Tensor& ids, const Tensor& dout) override;
   void rmsnorm_fwd(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) override;

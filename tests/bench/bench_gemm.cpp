@@ -264,10 +264,11 @@ void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows) {
       report("grouped bwd_data   " + tag, valid, ms, flops, 0, kGemmTflops,
              note + back_to_back(fn, ops.cuda_stream(), flops));
     }
-    // bwd_weight: dw[e,j,kk] += Σ_{r of e} dy[r,j]·x[r,kk]; from zero for the check.
-    MOP_CUDA_CHECK(cudaMemsetAsync(dw.t.data, 0, dw.t.bytes(), ops.cuda_stream()));
-    ops.grouped_gemm_bwd_weight(dw, dy, x, offsets);
-    {
+    // bwd_weight: dw[e,j,kk] += Σ_{r of e} dy[r,j]·x[r,kk], from zero for the check; and written
+    // (the first micro-batch of a step), over a poisoned dw.
+    for (const bool accumulate : {true, false}) {
+      MOP_CUDA_CHECK(cudaMemsetAsync(dw.t.data, accumulate ? 0 : 0xFF, dw.t.bytes(), ops.cuda_stream()));
+      ops.grouped_gemm_bwd_weight(dw, dy, x, offsets, accumulate);
       const HostOut got(dw.t);
       bool valid = true;
       for (int s = 0; s < kSamples; ++s) {
@@ -281,9 +282,10 @@ void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows) {
         }
         valid = valid && within(got.get((e * n + j) * k + kk), ref, abs_sum, rows, DType::F32);
       }
-      const auto fn = [&] { ops.grouped_gemm_bwd_weight(dw, dy, x, offsets); };
+      const auto fn = [&] { ops.grouped_gemm_bwd_weight(dw, dy, x, offsets, accumulate); };
       const double ms = time_ms(fn, ops.cuda_stream());
-      report("grouped bwd_weight " + tag, valid, ms, flops, 0, kGemmTflops,
+      report(std::string(accumulate ? "grouped bwd_weight " : "grouped bwd_wt=    ") + tag, valid, ms,
+             flops, 0, kGemmTflops,
              note + (path == "grouped" ? " (fp32 C: runs the loop)" : "") +
                  back_to_back(fn, ops.cuda_stream(), flops));
     }

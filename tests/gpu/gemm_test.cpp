@@ -194,7 +194,7 @@ struct GroupedCase {
 
 // Every output the three grouped ops produce for one case on the current path.
 struct GroupedResult {
-  HostTensor y, dx, dw;
+  HostTensor y, dx, dw, dw_written;  // dw_written: bwd_weight writing over a poisoned dw
 };
 
 GroupedResult run_grouped_case(CudaOps& ops, const GroupedCase& c, const HostTensor& x,
@@ -209,7 +209,10 @@ GroupedResult run_grouped_case(CudaOps& ops, const GroupedCase& c, const HostTen
   ops.grouped_gemm_fwd(y, d_x, d_w, offsets);
   ops.grouped_gemm_bwd_data(dx, d_dy, d_w, offsets);
   ops.grouped_gemm_bwd_weight(dw, d_dy, d_x, offsets);
-  return {download(y), download(dx), download(dw)};
+  DeviceTensor dw_written(DType::F32, {int64_t(c.offsets.size()) - 1, c.n, c.k});
+  poison(dw_written);
+  ops.grouped_gemm_bwd_weight(dw_written, d_dy, d_x, offsets, /*accumulate=*/false);
+  return {download(y), download(dx), download(dw), download(dw_written)};
 }
 
 }  // namespace
@@ -244,9 +247,11 @@ TEST_CASE("cuda grouped gemms equal the CPU reference on every path", "[gpu][gem
     HostTensor dw0 = int_tensor({num_experts, c.n, c.k}, ++seed, -2, 2);
     HostTensor y_ref = filled(DType::F32, {c.rows, c.n}, 7);
     HostTensor dx_ref = filled(DType::F32, {c.rows, c.k}, 7), dw_ref = dw0;
+    HostTensor dw_written_ref = filled(DType::F32, {num_experts, c.n, c.k}, 7);
     cpu_ops().grouped_gemm_fwd(y_ref, x, w, offsets);
     cpu_ops().grouped_gemm_bwd_data(dx_ref, dy, w, offsets);
     cpu_ops().grouped_gemm_bwd_weight(dw_ref, dy, x, offsets);
+    cpu_ops().grouped_gemm_bwd_weight(dw_written_ref, dy, x, offsets, /*accumulate=*/false);
     y_ref = rounded_to_bf16(y_ref);
     dx_ref = rounded_to_bf16(dx_ref);
     GroupedResult loop;
@@ -257,12 +262,14 @@ TEST_CASE("cuda grouped gemms equal the CPU reference on every path", "[gpu][gem
       CHECK(count_mismatches(r.y, y_ref, 0, kBf16Ulp) == 0);
       CHECK(count_mismatches(r.dx, dx_ref, 0, kBf16Ulp) == 0);
       CHECK(count_mismatches(r.dw, dw_ref, 0, kExact) == 0);
+      CHECK(count_mismatches(r.dw_written, dw_written_ref, 0, kExact) == 0);
       if (std::string(path) == "loop") loop = r;
       if (std::string(path) == "streams") {
         // Same per-expert algorithms on other streams: bitwise the loop's results.
         CHECK(bitwise_equal(r.y, loop.y));
         CHECK(bitwise_equal(r.dx, loop.dx));
         CHECK(bitwise_equal(r.dw, loop.dw));
+        CHECK(bitwise_equal(r.dw_written, loop.dw_written));
       }
     }
   }

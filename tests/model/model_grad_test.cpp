@@ -3,6 +3,9 @@
 // with a dense first layer, a shared expert, q/k norm and GQA; recomputation gives bit-identical
 // gradients; tied embeddings.
 #include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include "catch.h"
@@ -39,7 +42,7 @@ struct Fixture {
   std::vector<int32_t> ids, targets, pos;
   double ce_scale = 0;
 
-  Fixture(const std::string& yaml, bool recompute) {
+  Fixture(const std::string& yaml, bool recompute, int64_t moe_chunk = 0) {
     cfg = load_config_text(yaml);
     layout = ModelLayout::build(ModelDims::from(cfg));
     params = std::make_unique<ParamStore>(layout, DType::F64, DType::F64, MemKind::Host);
@@ -47,6 +50,7 @@ struct Fixture {
     optim->init_weights(7);
     TransformerOptions o;
     o.plan.max_batch = 2, o.plan.max_seq = 5, o.plan.recompute = recompute, o.plan.lm_head_chunk = 3;
+    o.plan.moe_chunk = moe_chunk;
     model = std::make_unique<Transformer>(layout, *params, *ops, o);
     model->allocate();
     ids = {1, 4, 9, 2, 2, 7, 0, 3, 10, 5};
@@ -132,6 +136,34 @@ TEST_CASE("model: recomputation gives bit-identical loss and gradients", "[cpu][
   for (int64_t i = 0; i < ga.numel(); ++i) differ += ga.ptr<double>()[i] != gb.ptr<double>()[i];
   CHECK(differ == 0);
   CHECK(a.loss() == b.loss());
+}
+
+TEST_CASE("model: the first micro-batch writes the experts' gradients, the bits of adding to zeros",
+          "[cpu][model]") {
+  // Two micro-batches: a zeroes every gradient and adds both; b leaves NaN in the routed experts'
+  // gradients (what the step no longer zeroes) and lets the first micro-batch write them. Whole
+  // MoE blocks, token chunks of 4 (the first chunk writes, the others add), and recomputation.
+  for (auto [recompute, chunk] : {std::pair{false, int64_t(0)}, {false, int64_t(4)}, {true, int64_t(4)}}) {
+    INFO("recompute " << recompute << ", MoE chunk " << chunk);
+    Fixture a(kTinyModel, recompute, chunk), b(kTinyModel, recompute, chunk);
+    a.ops->fill(a.params->grads_flat(), 0);
+    b.ops->fill(b.params->grads_flat(), 0);
+    int experts = 0;
+    for (int p = 0; p < b.params->num_params(); ++p)
+      if (b.layout.params[size_t(p)].kind == ParamKind::Experts) {
+        b.ops->fill(b.params->grad(p), std::numeric_limits<double>::quiet_NaN());
+        ++experts;
+      }
+    CHECK(experts == 4);  // gate_up and down of the two MoE layers
+    for (int m = 0; m < 2; ++m) {
+      a.model->forward_backward(a.batch(), float(a.ce_scale), 0.5f);
+      b.model->forward_backward(b.batch(), float(b.ce_scale), 0.5f, /*write_experts=*/m == 0);
+    }
+    CHECK(a.model->take_losses().ce_sum == b.model->take_losses().ce_sum);
+    Tensor ga = a.params->grads_flat(), gb = b.params->grads_flat();
+    REQUIRE(ga.numel() == gb.numel());
+    CHECK(std::memcmp(ga.data, gb.data, ga.bytes()) == 0);
+  }
 }
 
 TEST_CASE("model: parameter names follow the Qwen3-MoE checkpoints", "[cpu][model]") {

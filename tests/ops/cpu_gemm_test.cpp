@@ -1,6 +1,7 @@
 // CPU reference GEMM and grouped GEMM: all transpose combinations against a naive triple loop,
 // alpha/beta, thread-count independence, grouped GEMM against per-expert GEMMs (an expert with no
 // rows included) and finite-difference checks of both grouped backwards.
+#include <limits>
 #include <vector>
 
 #include "ops/ops_test_util.h"
@@ -172,6 +173,17 @@ TEST_CASE("grouped gemm forward equals per-expert gemm with copied weights", "[c
       INFO(dtype_name(dt) << " expert " << e);
       CHECK(bitwise_equal(got_dw, dwe));
     }
+
+    // Writing instead of adding (the first micro-batch of a step): the bits of adding to zeros,
+    // whatever dw held before (NaN here), and zeros for expert 2, which has no rows.
+    HostTensor added(dt, {num_experts, n, k}), written(dt, {num_experts, n, k});
+    ops.fill(added, 0);
+    ops.fill(written, std::numeric_limits<double>::quiet_NaN());
+    ops.grouped_gemm_bwd_weight(added, dy, x, offsets);
+    ops.grouped_gemm_bwd_weight(written, dy, x, offsets, /*accumulate=*/false);
+    INFO(dtype_name(dt));
+    CHECK(bitwise_equal(written, added));
+    for (int64_t i = 2 * n * k; i < 3 * n * k; ++i) CHECK(written.get(i) == 0.0);
   }
 }
 
