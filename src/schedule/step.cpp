@@ -11,7 +11,7 @@ namespace mop {
 
 StepSchedule::StepSchedule(const Plan& plan, Transformer& model, ParamStore& params,
                            Optimizer& optim, ParallelGroups& groups, TimedOps& timed,
-                           std::unique_ptr<Ops> update_ops)
+                           std::unique_ptr<TimedOps> update_ops)
     : plan_(plan), model_(model), params_(params), optim_(optim), groups_(groups), timed_(timed) {
   // The pipeline's own device work (the gradients' bf16 conversion) is not part of the time split.
   pipeline_ = make_host_pipeline(timed.inner(), optim.host_params(), int(plan.cfg.optim.host_threads));
@@ -66,12 +66,16 @@ void StepSchedule::issue_updates() {
   for (size_t s = 0; s < update_params_.size(); ++s) {
     for (int p : update_params_[s]) {
       optim_.update_native(p, *update_ops_);
-      update_ops_->fill(params_.grad(p), 0);
+      if (!written_by_model(p)) update_ops_->fill(params_.grad(p), 0);
     }
     update_done_[s].record(update_ops_->stream());
     update_pending_[s] = true;
   }
   grads_zeroed_ = true;
+}
+
+bool StepSchedule::written_by_model(int p) const {
+  return params_.layout().params[size_t(p)].kind == ParamKind::Experts;
 }
 
 void StepSchedule::wait_update(int segment) {
@@ -105,11 +109,14 @@ void StepSchedule::segment_done(int segment) {
 
 LossTerms StepSchedule::gradients(int micro_batches, const std::function<Batch(int)>& micro_batch,
                                   float ce_scale, float aux_scale) {
-  // Zeroed by the overlapped update of the last step, or here.
-  if (!std::exchange(grads_zeroed_, false)) timed_.fill(params_.grads_flat(), 0);
+  // Zeroed by the overlapped update of the last step, or here; the first micro-batch writes the
+  // experts' gradients.
+  if (!std::exchange(grads_zeroed_, false))
+    for (int p = 0; p < params_.num_params(); ++p)
+      if (!written_by_model(p)) timed_.fill(params_.grad(p), 0);
   for (int m = 0; m < micro_batches; ++m) {
     last_micro_batch_ = m + 1 == micro_batches;
-    model_.forward_backward(micro_batch(m), ce_scale, aux_scale);
+    model_.forward_backward(micro_batch(m), ce_scale, aux_scale, /*write_experts=*/m == 0);
   }
   last_micro_batch_ = false;
   if (reducer_) {
@@ -133,6 +140,9 @@ LossTerms StepSchedule::gradients(int micro_batches, const std::function<Batch(i
 
 StepReport StepSchedule::apply(float lr) {
   StepReport r = optim_.step(lr, update_ops_ != nullptr);
+  // The last update ran beside this step's forward, which waited for it: reading its times does
+  // not wait.
+  if (update_ops_) update_stream_seconds_ = update_ops_->collect().total();
   if (update_ops_ && r.applied) issue_updates();
   if (pipeline_) pipeline_->finish_step(r, plan_.cfg.optim.overlap);
   if (r.applied) broadcast_weights();

@@ -41,9 +41,9 @@ class StepSchedule {
   // Sets the model's segment hooks; builds the host pipeline for the optimizer's host params.
   // update_ops (optional): the Ops of the stream that runs the device-held state's AdamW
   // overlapped with the next step (step 5); only when no parameter's state is on the host and
-  // the plan has no ZeRO-1 owners.
+  // the plan has no ZeRO-1 owners. Timed: its ops' time is update_stream_seconds().
   StepSchedule(const Plan& plan, Transformer& model, ParamStore& params, Optimizer& optim,
-               ParallelGroups& groups, TimedOps& timed, std::unique_ptr<Ops> update_ops = nullptr);
+               ParallelGroups& groups, TimedOps& timed, std::unique_ptr<TimedOps> update_ops = nullptr);
   ~StepSchedule();
   StepSchedule(const StepSchedule&) = delete;
   StepSchedule& operator=(const StepSchedule&) = delete;
@@ -60,6 +60,9 @@ class StepSchedule {
   // Waits for the host pipeline's work (before the host-held state is read or saved).
   void drain();
   OffloadStats take_host_stats();
+  // The device time of the overlapped update that ran during this step (issued at the end of the
+  // step before), on its own stream; 0 without one. Read after apply().
+  double update_stream_seconds() const { return update_stream_seconds_; }
   HostPipeline* host_pipeline() { return pipeline_.get(); }
   const HostPipeline* host_pipeline() const { return pipeline_.get(); }
 
@@ -69,6 +72,8 @@ class StepSchedule {
   void issue_updates();              // step 5 on the update stream
   void wait_update(int segment);     // the compute stream waits for a segment's update
   void wait_updates();
+  // The routed experts' gradients, which the first micro-batch writes: never zeroed.
+  bool written_by_model(int p) const;
 
   const Plan& plan_;
   Transformer& model_;
@@ -89,7 +94,8 @@ class StepSchedule {
   std::vector<Event> update_done_;
   std::vector<bool> update_pending_;
   bool grads_zeroed_ = false;  // the update stream zeroed every gradient after the last step
-  std::unique_ptr<Ops> update_ops_;
+  std::unique_ptr<TimedOps> update_ops_;
+  double update_stream_seconds_ = 0;  // the last update's, read in apply() before the next
 };
 
 }  // namespace mop

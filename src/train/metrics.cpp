@@ -131,6 +131,7 @@ void MetricsLog::write_tensorboard(const StepMetrics& m) {
   const char* phases[kNumStepPhases] = {"forward", "backward", "optimizer"};
   for (int c = 0; c < kNumStepPhases; ++c)
     scalar(std::string("time/phase_") + phases[c] + "_ms", 1e3 * m.times.phase_seconds[c]);
+  if (m.update_stream_seconds > 0) scalar("time/update_stream_ms", 1e3 * m.update_stream_seconds);
   if (m.offload.update_seconds > 0) {
     scalar("host_optimizer/update_ms", 1e3 * m.offload.update_seconds);
     scalar("host_optimizer/state_ms", 1e3 * m.offload.state_seconds);
@@ -164,6 +165,7 @@ void MetricsLog::record(const StepMetrics& m) {
   interval_offload_.update_seconds += m.offload.update_seconds;
   interval_offload_.state_seconds += m.offload.state_seconds;
   interval_offload_.wait_seconds += m.offload.wait_seconds;
+  interval_update_stream_ += m.update_stream_seconds;
   if (file_.is_open()) {
     Json j = Json::object();
     // JSON has no NaN or Inf: a non-finite value is written as null and its key listed in
@@ -193,6 +195,7 @@ void MetricsLog::record(const StepMetrics& m) {
     const char* names[kNumStepPhases] = {"forward", "backward", "optimizer"};
     for (int c = 0; c < kNumStepPhases; ++c) ph[names[c]] = m.times.phase_seconds[c];
     j["phase_seconds"] = std::move(ph);
+    if (m.update_stream_seconds > 0) j["update_stream_seconds"] = m.update_stream_seconds;
     if (m.offload.update_seconds > 0) {
       Json o = Json::object();
       o["update_seconds"] = m.offload.update_seconds;
@@ -224,11 +227,14 @@ void MetricsLog::record(const StepMetrics& m) {
     OpTimes per_step = interval_times_;
     for (double& x : per_step.seconds) x /= double(interval_steps_);
     for (double& x : per_step.phase_seconds) x /= double(interval_steps_);
+    const double update_ms = 1e3 * interval_update_stream_ / double(interval_steps_);
     spdlog::info("             model {:.3g} TFLOP/s{} | per step: forward {:.0f} ms, backward {:.0f} "
-                 "ms, optimizer {:.0f} ms, step {:.0f} ms | {}",
+                 "ms, optimizer {:.0f} ms, step {:.0f} ms | {}{}",
                  tflops, mfu, 1e3 * per_step.phase_seconds[0], 1e3 * per_step.phase_seconds[1],
                  1e3 * per_step.phase_seconds[2], 1e3 * interval_seconds_ / double(interval_steps_),
-                 per_step.describe());
+                 per_step.describe(),
+                 update_ms > 0 ? fmt::format(" | update stream {:.0f} ms (beside the forward)", update_ms)
+                               : std::string());
     if (interval_offload_.update_seconds > 0) {
       double k = 1.0 / double(interval_steps_);
       const double state_ms = 1e3 * k * interval_offload_.state_seconds;
@@ -244,6 +250,7 @@ void MetricsLog::record(const StepMetrics& m) {
     interval_offload_ = OffloadStats{};
     interval_seconds_ = interval_flops_ = 0;
     interval_times_ = OpTimes{};
+    interval_update_stream_ = 0;
     interval_steps_ = interval_tokens_ = 0;
   }
 }

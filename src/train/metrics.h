@@ -27,6 +27,11 @@ struct StepMetrics {
   double model_flops = 0;  // model FLOPs of the step (6·N_active + attention, per token)
   OpTimes times;           // device time by op category
   OffloadStats offload;    // host optimizer: transfers, update time, time the step waited
+  // The overlapped device update's time on its own stream (optim.overlap): the update issued at
+  // the end of the step before, which ran beside this step's forward. Its ops (memory-bound
+  // AdamW) hold multiprocessors the forward's ops wait for, so on one GPU most of it shows up
+  // inside the forward's categories too: `times` measures each op from start to end.
+  double update_stream_seconds = 0;
 };
 
 class MetricsLog {
@@ -53,6 +58,7 @@ class MetricsLog {
   double interval_seconds_ = 0, interval_flops_ = 0;
   OpTimes interval_times_;
   OffloadStats interval_offload_;
+  double interval_update_stream_ = 0;
   int64_t interval_steps_ = 0, interval_tokens_ = 0;
   double avg_step_seconds_ = 0;  // exponential moving average for the ETA
 };

@@ -229,9 +229,9 @@ void Trainer::build() {
 
   // 7. The step's schedule: segment hooks, gradient sums, host pipeline; with every parameter's
   // state with the backend, its AdamW overlapped with the next forward on a stream of its own.
-  std::unique_ptr<Ops> update_ops;
+  std::unique_ptr<TimedOps> update_ops;
   if (cfg_.optim.overlap && optim_->host_params().empty() && plan_.owner.empty())
-    update_ops = make_ops(plan_.run.device, world_.local_rank);
+    update_ops = std::make_unique<TimedOps>(make_ops(plan_.run.device, world_.local_rank));
   schedule_ = std::make_unique<StepSchedule>(plan_, *model_, *params_, *optim_, *groups_, *timed_,
                                              std::move(update_ops));
 
@@ -511,6 +511,7 @@ void Trainer::train_step(StepMetrics& sm) {
     spdlog::info("wrote {} ({} events)", path, events.size());
   }
   sm.times = timed_->collect();
+  sm.update_stream_seconds = schedule_->update_stream_seconds();
   sm.offload = schedule_->take_host_stats();
   sm.step_seconds = now_seconds() - t0;
   sm.model_flops = model_flops_per_token(cfg_) * double(sm.tokens);

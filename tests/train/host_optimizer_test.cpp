@@ -56,6 +56,13 @@ log: {interval: 1}
   REQUIRE(second.code == 0);
 
   auto a = test::read_metrics(dir / "native/metrics.jsonl");
+  // The overlapped update's time on its own stream, from step 2 on (step 1's update runs during
+  // step 2); none without the overlap.
+  CHECK(native.output.find("update stream") != std::string::npos);
+  CHECK(native_plain.output.find("update stream") == std::string::npos);
+  REQUIRE(a.size() == 6);
+  CHECK(a[0].find("update_stream_seconds") == nullptr);
+  for (size_t i = 1; i < a.size(); ++i) CHECK(a[i].at("update_stream_seconds").as_double() > 0);
   for (const char* run : {"native_plain", "plain", "overlap"}) {
     auto b = test::read_metrics(dir / (std::string(run) + "/metrics.jsonl"));
     INFO(run);
