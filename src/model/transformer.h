@@ -85,6 +85,9 @@ class Transformer {
   // are those of adding to zeros.
   void forward_backward(const Batch& b, float ce_scale, float aux_scale,
                         bool write_experts = false);
+  // Whether forward_backward(…, write_experts = true) writes parameter p's gradient (a routed
+  // expert tensor): its caller need not zero it.
+  bool writes_gradient(int p) const { return layout_.params[size_t(p)].kind == ParamKind::Experts; }
   void forward(const Batch& b, float aux_scale);
   LossTerms take_losses();  // returns the sums since the last call and resets them
 

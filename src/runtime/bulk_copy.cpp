@@ -41,13 +41,16 @@ void BulkCopier::host_copy(void* dst, const void* src, size_t bytes) {
   });
 }
 
+void BulkCopier::ensure_stream() {
+  if (stream_.get().is_null()) stream_ = OwnedStream(Device::CUDA);
+}
+
 void BulkCopier::ensure_bounce() {
   if (bounce_[0].data()) return;
   for (int i = 0; i < 2; ++i) {
     bounce_[i] = Buffer(MemKind::Pinned, kBounceBytes);
     filled_[i] = Event(Device::CUDA);
   }
-  stream_ = OwnedStream(Device::CUDA);
 }
 
 void BulkCopier::copy(void* dst, bool dst_device, const void* src, bool src_device, size_t bytes) {
@@ -56,13 +59,14 @@ void BulkCopier::copy(void* dst, bool dst_device, const void* src, bool src_devi
     host_copy(dst, src, bytes);
     return;
   }
-  ensure_bounce();
+  ensure_stream();
   const Stream s = stream_.get();
-  if (dst_device && src_device) {
+  if (dst_device && src_device) {  // no bounce buffers needed
     copy_async(dst, src, bytes, s);
     s.synchronize();
     return;
   }
+  ensure_bounce();
   char* d = static_cast<char*>(dst);
   const char* from = static_cast<const char*>(src);
   const size_t chunks = (bytes + kBounceBytes - 1) / kBounceBytes;

@@ -34,7 +34,8 @@ class BulkCopier {
 
  private:
   void host_copy(void* dst, const void* src, size_t bytes);
-  void ensure_bounce();
+  void ensure_stream();
+  void ensure_bounce();  // the pinned buffers, for copies between host and device
 
   std::unique_ptr<ThreadPool> pool_;
   Buffer bounce_[2];

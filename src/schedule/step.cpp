@@ -66,16 +66,12 @@ void StepSchedule::issue_updates() {
   for (size_t s = 0; s < update_params_.size(); ++s) {
     for (int p : update_params_[s]) {
       optim_.update_native(p, *update_ops_);
-      if (!written_by_model(p)) update_ops_->fill(params_.grad(p), 0);
+      if (!model_.writes_gradient(p)) update_ops_->fill(params_.grad(p), 0);
     }
     update_done_[s].record(update_ops_->stream());
     update_pending_[s] = true;
   }
   grads_zeroed_ = true;
-}
-
-bool StepSchedule::written_by_model(int p) const {
-  return params_.layout().params[size_t(p)].kind == ParamKind::Experts;
 }
 
 void StepSchedule::wait_update(int segment) {
@@ -113,7 +109,7 @@ LossTerms StepSchedule::gradients(int micro_batches, const std::function<Batch(i
   // experts' gradients.
   if (!std::exchange(grads_zeroed_, false))
     for (int p = 0; p < params_.num_params(); ++p)
-      if (!written_by_model(p)) timed_.fill(params_.grad(p), 0);
+      if (!model_.writes_gradient(p)) timed_.fill(params_.grad(p), 0);
   for (int m = 0; m < micro_batches; ++m) {
     last_micro_batch_ = m + 1 == micro_batches;
     model_.forward_backward(micro_batch(m), ce_scale, aux_scale, /*write_experts=*/m == 0);

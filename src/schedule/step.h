@@ -72,8 +72,6 @@ class StepSchedule {
   void issue_updates();              // step 5 on the update stream
   void wait_update(int segment);     // the compute stream waits for a segment's update
   void wait_updates();
-  // The routed experts' gradients, which the first micro-batch writes: never zeroed.
-  bool written_by_model(int p) const;
 
   const Plan& plan_;
   Transformer& model_;

@@ -150,7 +150,7 @@ TEST_CASE("model: the first micro-batch writes the experts' gradients, the bits 
     b.ops->fill(b.params->grads_flat(), 0);
     int experts = 0;
     for (int p = 0; p < b.params->num_params(); ++p)
-      if (b.layout.params[size_t(p)].kind == ParamKind::Experts) {
+      if (b.model->writes_gradient(p)) {
         b.ops->fill(b.params->grad(p), std::numeric_limits<double>::quiet_NaN());
         ++experts;
       }
