@@ -114,6 +114,9 @@ MOP_BENCH("pointwise rmsnorm T=16384") {
 MOP_BENCH("pointwise rmsnorm q-norm T=4096") {
   bench_rmsnorm(4096 * 32, 128);
 }
+MOP_BENCH("pointwise rmsnorm q-norm T=16384") {
+  bench_rmsnorm(16384 * 32, 128);
+}
 
 // ---- SwiGLU -----------------------------------------------------------------------------------
 
