@@ -74,6 +74,8 @@ int main(int argc, char** argv) {
   pl->add_flag("--search", plan.search, "Rank every plan the keys the config leaves open allow, and say why the others do not fit");
   pl->add_flag("--json", plan.json, "Print JSON instead of text");
   pl->add_option("--top", plan.top, "--search: how many plans to list")->check(CLI::Range(1, 1 << 20));
+  pl->add_flag("--program", plan.program, "Also print the step program: the actions one rank's step runs, in order, with their streams");
+  pl->add_option("--rank", plan.rank, "--program: whose program (ranks differ where ZeRO-1 owners keep state on the host); default 0")->check(CLI::Range(0, (1 << 20) - 1));
 
   mop::CalibrateArgs cal;
   auto* ca = app.add_subcommand("calibrate", "Measure this machine (GEMMs, attention, memory-bound ops, copies, host AdamW, collectives under mpirun) into a machine file for mop plan");

@@ -462,7 +462,8 @@ void Transformer::layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
   ops_.rmsnorm_bwd(dx, G(P.ln1), dln, x_in, W(P.ln1), act(a.rstd1, T), true);
 }
 
-void Transformer::run_forward(const Batch& b, float aux_scale, bool training, float ce_scale) {
+Transformer::Pass Transformer::begin(const Batch& b, float aux_scale, bool training, float ce_scale,
+                                     bool write_experts) {
   const int64_t T = int64_t(b.batch) * b.seq;
   MOP_CHECK(b.batch <= opt_.plan.max_batch && b.seq <= opt_.plan.max_seq, "micro-batch ", b.batch,
             "×", b.seq, " exceeds the planned ", opt_.plan.max_batch, "×", opt_.plan.max_seq);
@@ -470,75 +471,93 @@ void Transformer::run_forward(const Batch& b, float aux_scale, bool training, fl
             "batch tensors must have B·S elements");
   last_T_ = int(T);
   training_ = training;
-  Tensor losses = arena_.tensor(s_.losses).rows(1, 3);  // [aux, z]
-  // Saved inputs of host layers: each written into its stage once the stage's last occupant is
-  // on the host, and copied out as soon as it is written (training only).
-  auto before_input = [&](int l) {
-    if (saved_) saved_->before_input_written(l);
-  };
-  auto input_done = [&](int l) {
-    if (saved_ && training) saved_->input_written(l, T);
-  };
-  phase(false);
-  before_forward(0);
-  before_input(0);
-  ops_.embedding_fwd(act(xs_[0], T), b.ids, W(layout_.embedding));
-  input_done(0);
-  for (int l = 0; l < d_.layers; ++l) {
-    before_forward(l + 1);
-    before_input(l + 1);
-    layer_fwd(l, acts(l), b, act(xs_[l], T), act(xs_[l + 1], T), losses, aux_scale, false);
-    input_done(l + 1);
-  }
-  before_forward(int(d_.layers) + 1);
-  ops_.rmsnorm_fwd(act(s_.xf, T), act(s_.rstd_f, T), act(xs_[d_.layers], T),
-                   W(layout_.final_norm), float(d_.rms_eps));
-  // Training: each chunk's cross-entropy gradient is known with its lse, so the head's dx and dW
-  // come from the forward's logits (the backward only reads them).
-  if (training)
-    ops_.lmhead_ce_fwd_bwd(act(s_.loss_tok, T), act(s_.lse_tok, T), act(s_.dxf, T),
-                           G(layout_.lm_head), act(s_.xf, T), W(layout_.lm_head), b.targets,
-                           ce_scale, arena_.tensor(s_.lm_ws));
-  else
-    ops_.lmhead_ce_fwd(act(s_.loss_tok, T), act(s_.lse_tok, T), act(s_.xf, T), W(layout_.lm_head),
-                       b.targets, arena_.tensor(s_.lm_ws));
-  Tensor tmp = arena_.tensor(s_.loss_tmp), ce = arena_.tensor(s_.losses).rows(0, 1);
-  ops_.sum(tmp, act(s_.loss_tok, T));
-  ops_.add(ce, ce, tmp);
+  write_experts_ = write_experts;
+  return {b, T, aux_scale, ce_scale, training, write_experts};
 }
 
-void Transformer::forward(const Batch& b, float aux_scale) { run_forward(b, aux_scale, false); }
+// Saved inputs of host layers: each written into its stage once the stage's last occupant is on
+// the host, and copied out as soon as it is written (training only).
+void Transformer::forward_segment(const Pass& p, int s) {
+  const Batch& b = p.batch;
+  const int64_t T = p.tokens;
+  const int L = int(d_.layers);
+  if (s <= L && saved_) saved_->before_input_written(s);
+  if (s == 0) {
+    ops_.embedding_fwd(act(xs_[0], T), b.ids, W(layout_.embedding));
+  } else if (s <= L) {
+    const int l = s - 1;
+    layer_fwd(l, acts(l), b, act(xs_[l], T), act(xs_[l + 1], T), arena_.tensor(s_.losses).rows(1, 3),
+              p.aux_scale, false);
+  } else {
+    ops_.rmsnorm_fwd(act(s_.xf, T), act(s_.rstd_f, T), act(xs_[L], T), W(layout_.final_norm),
+                     float(d_.rms_eps));
+    // Training: each chunk's cross-entropy gradient is known with its lse, so the head's dx and dW
+    // come from the forward's logits (the backward only reads them).
+    if (p.training)
+      ops_.lmhead_ce_fwd_bwd(act(s_.loss_tok, T), act(s_.lse_tok, T), act(s_.dxf, T),
+                             G(layout_.lm_head), act(s_.xf, T), W(layout_.lm_head), b.targets,
+                             p.ce_scale, arena_.tensor(s_.lm_ws));
+    else
+      ops_.lmhead_ce_fwd(act(s_.loss_tok, T), act(s_.lse_tok, T), act(s_.xf, T), W(layout_.lm_head),
+                         b.targets, arena_.tensor(s_.lm_ws));
+    Tensor tmp = arena_.tensor(s_.loss_tmp), ce = arena_.tensor(s_.losses).rows(0, 1);
+    ops_.sum(tmp, act(s_.loss_tok, T));
+    ops_.add(ce, ce, tmp);
+  }
+  if (s <= L && saved_ && p.training) saved_->input_written(s, T);
+}
 
-void Transformer::forward_backward(const Batch& b, float ce_scale, float aux_scale,
-                                   bool write_experts) {
-  write_experts_ = write_experts;
-  run_forward(b, aux_scale, true, ce_scale);
-  const int64_t T = int64_t(b.batch) * b.seq;
+void Transformer::backward_segment(const Pass& p, int s) {
+  const Batch& b = p.batch;
+  const int64_t T = p.tokens;
   const int L = int(d_.layers);
   Tensor dx = act(s_.dx, T);
-  phase(true);
-  ops_.rmsnorm_bwd(dx, G(layout_.final_norm), act(s_.dxf, T), act(xs_[L], T),
-                   W(layout_.final_norm), act(s_.rstd_f, T), false);
-  after_backward(L + 1);
-  if (saved_) {  // the last layer's saved tensors first
-    saved_->fetch_input(L - 1, T);
-    saved_->fetch_attention(L - 1, attn_of(L - 1, acts(L - 1), T), lse_of(L - 1, acts(L - 1), T));
-  }
-  for (int l = L - 1; l >= 0; --l) {
+  if (s == L + 1) {
+    ops_.rmsnorm_bwd(dx, G(layout_.final_norm), act(s_.dxf, T), act(xs_[L], T),
+                     W(layout_.final_norm), act(s_.rstd_f, T), false);
+  } else if (s >= 1) {
+    const int l = s - 1;
+    if (saved_ && l == L - 1) {  // the last layer's saved tensors first
+      saved_->fetch_input(l, T);
+      saved_->fetch_attention(l, attn_of(l, acts(l), T), lse_of(l, acts(l), T));
+    }
     if (opt_.plan.recompute) {
       // One layer ahead: the previous layer's input comes back while this one runs. The refill's
       // losses go to scratch (counted once), its output (unused) to dln.
       saved_->fetch_input(l - 1, T);
       saved_->wait_input(l);
       layer_fwd(l, acts(l), b, act(xs_[l], T), act(s_.scratch_out, T),
-                arena_.tensor(s_.scratch_losses), aux_scale, true);
+                arena_.tensor(s_.scratch_losses), p.aux_scale, true);
     }
-    layer_bwd(l, acts(l), b, act(xs_[l], T), dx, aux_scale);
-    after_backward(l + 1);
+    layer_bwd(l, acts(l), b, act(xs_[l], T), dx, p.aux_scale);
+  } else {
+    ops_.embedding_bwd(G(layout_.embedding), b.ids, dx);
+    if (saved_) saved_->finish();
   }
-  ops_.embedding_bwd(G(layout_.embedding), b.ids, dx);
-  if (saved_) saved_->finish();
-  after_backward(0);
+}
+
+void Transformer::forward(const Pass& p, int begin, int end) {
+  MOP_CHECK(0 <= begin && begin <= end && end <= num_segments(d_), "forward of segments [", begin,
+            ",", end, ")");
+  for (int s = begin; s < end; ++s) forward_segment(p, s);
+}
+
+void Transformer::backward(const Pass& p, int begin, int end) {
+  MOP_CHECK(p.training, "backward of a pass begun without training");
+  MOP_CHECK(0 <= begin && begin <= end && end <= num_segments(d_), "backward of segments [", begin,
+            ",", end, ")");
+  for (int s = end - 1; s >= begin; --s) backward_segment(p, s);
+}
+
+void Transformer::forward(const Batch& b, float aux_scale) {
+  forward(begin(b, aux_scale, false), 0, num_segments(d_));
+}
+
+void Transformer::forward_backward(const Batch& b, float ce_scale, float aux_scale,
+                                   bool write_experts) {
+  const Pass p = begin(b, aux_scale, true, ce_scale, write_experts);
+  forward(p, 0, num_segments(d_));
+  backward(p, 0, num_segments(d_));
 }
 
 LossTerms Transformer::take_losses() {

@@ -1,5 +1,6 @@
-// The MoE transformer's forward and backward for one micro-batch, written once against the Ops
-// interface. Layer l reads activations set acts(l): one set per layer, or with recompute a single
+// The MoE transformer's forward and backward for one micro-batch, segment by segment (a range of
+// segments a call: the step program decides what runs between them), written once against the
+// Ops interface. Layer l reads activations set acts(l): one set per layer, or with recompute a single
 // shared set that is refilled from the saved layer input just before the layer's backward.
 // All buffers come from one arena laid out by the activation plan (plan/activations.h) in the
 // constructor: no allocation per step, and the plan's memory is the model's. For long sequences
@@ -8,7 +9,6 @@
 // tensors in host memory (model/saved_activations.h) — all with the plain step's results.
 #pragma once
 
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,16 +35,6 @@ struct LossTerms {
   double ce_sum = 0;  // Σ cross-entropy over unmasked tokens
   double aux = 0;     // load-balancing loss, already weighted (coef, 1/MoE layers, aux_scale)
   double z = 0;       // router z-loss, weighted likewise
-};
-
-// Called at the segments of a micro-batch (model/params.h: 0 embedding, 1..L layers, L+1 final
-// norm and LM head): before a segment's weights are first read in forward, and once its weight
-// gradients are written in backward. The step's schedule pipelines host updates, transfers and
-// gradient sums through them.
-struct SegmentHooks {
-  std::function<void(int segment)> before_forward;
-  std::function<void(int segment)> after_backward;
-  std::function<void(bool backward)> phase;  // at the start of the forward and of the backward
 };
 
 // The comms a sharded model needs (not owned; null where the component is not sharded).
@@ -76,25 +66,39 @@ class Transformer {
   // Allocates the activations and lets the backend build its plans and workspaces for them.
   void allocate();
 
-  // Forward and backward of one micro-batch; parameter gradients accumulate (+=) into the store.
-  // Each unmasked token's CE is weighted by ce_scale in the loss (1 / unmasked tokens of the whole
-  // optimizer step); the router losses of this micro-batch by aux_scale (1 / micro-batches).
-  // Loss terms accumulate on the device; read them with take_losses(). write_experts: the routed
-  // experts' weight gradients (most of an MoE's parameters) are written, not added to — the
-  // first micro-batch of a step, whose caller then zeroes only the other gradients; the values
-  // are those of adding to zeros.
-  void forward_backward(const Batch& b, float ce_scale, float aux_scale,
-                        bool write_experts = false);
-  // Whether forward_backward(…, write_experts = true) writes parameter p's gradient (a routed
-  // expert tensor): its caller need not zero it.
-  bool writes_gradient(int p) const { return layout_.params[size_t(p)].kind == ParamKind::Experts; }
+  // One micro-batch's pass: what its segments' forward and backward share. The activations live
+  // in the model's one set of slots, so one pass is in flight at a time: a begin() ends the last.
+  struct Pass {
+    Batch batch;
+    int64_t tokens = 0;  // B·S
+    float aux_scale = 1, ce_scale = 0;
+    bool training = false, write_experts = false;
+  };
+  // Starts a pass over micro-batch b. Each unmasked token's CE is weighted by ce_scale in the loss
+  // (1 / unmasked tokens of the whole optimizer step); the router losses by aux_scale (1 /
+  // micro-batches). training: a backward follows (the head's gradients come with its forward).
+  // write_experts: the routed experts' weight gradients (most of an MoE's parameters) are
+  // written, not added to — the first micro-batch of a step, whose caller then zeroes only the
+  // other gradients; the values are those of adding to zeros.
+  Pass begin(const Batch& b, float aux_scale, bool training, float ce_scale = 0,
+             bool write_experts = false);
+  // Segments [begin, end) of the pass (model/params.h: 0 embedding, 1..L layers, L+1 final norm
+  // and LM head): forward in order; backward in reverse order, after the forward of every
+  // segment. Parameter gradients accumulate (+=) into the store; loss terms accumulate on the
+  // device (take_losses()). Whatever waits for weights or hands gradients on between segments is
+  // the step program's (plan/program.h), run by the schedule.
+  void forward(const Pass& p, int begin, int end);
+  void backward(const Pass& p, int begin, int end);
+  // The whole pass at once: forward and backward over every segment, or the forward alone.
+  void forward_backward(const Batch& b, float ce_scale, float aux_scale, bool write_experts = false);
   void forward(const Batch& b, float aux_scale);
+  // Whether a pass with write_experts writes parameter p's gradient (a routed expert tensor): its
+  // caller need not zero it.
+  bool writes_gradient(int p) const { return layout_.params[size_t(p)].kind == ParamKind::Experts; }
   LossTerms take_losses();  // returns the sums since the last call and resets them
 
   // After forward(): logits of token `row` (acc dtype [V]) from the final hidden state.
   void logits(Tensor out, int row);
-
-  void set_hooks(SegmentHooks hooks) { hooks_ = std::move(hooks); }
 
  private:
   using Acts = ActSlots;
@@ -124,8 +128,8 @@ class Transformer {
   void ffn_fwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor x_out, int64_t T);
   void ffn_bwd(int gate_up, int down, int gu_slot, int h_slot, Tensor x, Tensor dy, Tensor dx,
                int64_t T);
-  // training: also the LM head's gradients (dxf, its dW), with ce_scale, from the forward's logits.
-  void run_forward(const Batch& b, float aux_scale, bool training, float ce_scale = 0);
+  void forward_segment(const Pass& p, int s);
+  void backward_segment(const Pass& p, int s);
   const Acts& acts(int l) const;
 
   const ModelLayout& layout_;
@@ -149,18 +153,8 @@ class Transformer {
   void attention_fwd(const Acts& a, const Batch& b, int64_t T, Tensor attn, Tensor lse);
   void attention_bwd(const Acts& a, const Batch& b, int64_t T, const Tensor& attn, const Tensor& lse);
   std::unique_ptr<SavedActivations> saved_;  // with recompute
-  bool training_ = false;                    // the forward running is followed by a backward
-  bool write_experts_ = false;               // forward_backward's write_experts, for moe_bwd
-  SegmentHooks hooks_;
-  void before_forward(int segment) {
-    if (hooks_.before_forward) hooks_.before_forward(segment);
-  }
-  void after_backward(int segment) {
-    if (hooks_.after_backward) hooks_.after_backward(segment);
-  }
-  void phase(bool backward) {
-    if (hooks_.phase) hooks_.phase(backward);
-  }
+  bool training_ = false;                    // the pass running is followed by a backward
+  bool write_experts_ = false;               // the pass's write_experts, for moe_bwd
 };
 
 }  // namespace mop

@@ -301,4 +301,29 @@ Json search_json(const SearchResult& r, int top) {
   return j;
 }
 
+Json program_json(const StepProgram& program) {
+  auto actions = [](const std::vector<Action>& list) {
+    Json out = Json::array();
+    for (const Action& a : list) {
+      Json j = Json::object();
+      j["action"] = action_name(a.kind);
+      j["stream"] = stream_name(a.stream);
+      if (a.begin >= 0) {
+        Json seg = Json::array();
+        seg.push_back(a.begin), seg.push_back(a.end);
+        j["segments"] = seg;
+      }
+      if (a.micro_batch >= 0) j["micro_batch"] = a.micro_batch;
+      out.push_back(j);
+    }
+    return out;
+  };
+  Json j = Json::object();
+  j["segments"] = program.shape.segments;
+  j["micro_batches"] = program.shape.micro_batches;
+  j["gradients"] = actions(program.gradients);
+  j["apply"] = actions(program.apply);
+  return j;
+}
+
 }  // namespace mop

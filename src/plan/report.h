@@ -8,6 +8,7 @@
 
 #include "ckpt/json.h"
 #include "plan/plan.h"
+#include "plan/program.h"
 #include "plan/search.h"
 
 namespace mop {
@@ -17,5 +18,7 @@ Json plan_json(const Plan& plan);
 // The `top` fastest plans, then the rejected ones grouped by reason (a few settings each).
 std::string search_text(const SearchResult& result, int top);
 Json search_json(const SearchResult& result, int top);
+// A step program's actions in order: {"action", "stream", "segments": [a, b], "micro_batch"}.
+Json program_json(const StepProgram& program);
 
 }  // namespace mop

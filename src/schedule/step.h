@@ -1,17 +1,16 @@
-// The training step's schedule, in the order it runs.
-//   gradients():
-//     1. the gradients are zeroed;
-//     2. each micro-batch runs forward and backward; at each segment (model/params.h: embedding,
-//        layers, head) the model calls back
-//        - before its forward first reads the segment's weights: the previous step's host update
-//          of them must be done (HostPipeline::weights_ready);
-//        - after the last micro-batch's backward has written the segment's gradients: their
-//          data-parallel sums are issued (GradReducer; on GPUs on a stream of their own, overlapped
-//          with the backward of the earlier segments), and a host-updated segment's gradients go
-//          to the host once summed (HostPipeline::grads_final);
-//     3. the sums not issued yet; the compute stream waits for them;
+// The training step's schedule: it runs the step program (plan/program.h) action by action.
+//   gradients() runs the program's gradients part:
+//     1. the gradients are zeroed (unless the overlapped update of the step before did);
+//     2. each micro-batch: its forward, segment by segment, each after its weights are ready —
+//        the previous step's host update of them (HostPipeline::weights_ready) or overlapped
+//        device update — then its backward in reverse; in the last micro-batch's backward, as
+//        soon as a segment's gradients are final, their data-parallel sums are issued
+//        (GradReducer; on GPUs on a stream of their own, overlapped with the backward of the
+//        earlier segments), and a host-updated segment's gradients go to the host once summed
+//        (HostPipeline::grads_final);
+//     3. the compute stream waits for the sums;
 //     4. the losses are read (watched: a hung peer shows up here) and summed over the ranks.
-//   apply():
+//   apply() runs its apply part:
 //     5. the optimizer: global norm, clipping, non-finite check, the device-held state's AdamW —
 //        with optim.overlap and every parameter's state with the backend (no host state, no
 //        ZeRO-1), on a stream of its own, segment by segment, each followed by zeroing that
@@ -32,27 +31,28 @@
 #include "parallel/grad_reducer.h"
 #include "parallel/groups.h"
 #include "plan/plan.h"
+#include "plan/program.h"
 #include "schedule/host_pipeline.h"
 
 namespace mop {
 
 class StepSchedule {
  public:
-  // Sets the model's segment hooks; builds the host pipeline for the optimizer's host params.
-  // update_ops (optional): the Ops of the stream that runs the device-held state's AdamW
-  // overlapped with the next step (step 5); only when no parameter's state is on the host and
-  // the plan has no ZeRO-1 owners. Timed: its ops' time is update_stream_seconds().
-  StepSchedule(const Plan& plan, Transformer& model, ParamStore& params, Optimizer& optim,
-               ParallelGroups& groups, TimedOps& timed, std::unique_ptr<TimedOps> update_ops = nullptr);
+  // Runs `program` (this rank's, plan/program.h); builds the host pipeline for the optimizer's
+  // host params. update_ops: the Ops of the stream that runs the device-held state's AdamW
+  // overlapped with the next step (step 5), exactly when the program has device-update actions.
+  // Timed: its ops' time is update_stream_seconds().
+  StepSchedule(const Plan& plan, StepProgram program, Transformer& model, ParamStore& params,
+               Optimizer& optim, ParallelGroups& groups, TimedOps& timed,
+               std::unique_ptr<TimedOps> update_ops = nullptr);
   ~StepSchedule();
   StepSchedule(const StepSchedule&) = delete;
   StepSchedule& operator=(const StepSchedule&) = delete;
 
-  // Steps 1–4 over `micro_batches` micro-batches (micro_batch(m) gives the m-th on the ops
-  // device). ce_scale weights each unmasked token's cross-entropy, aux_scale the router losses of
-  // a micro-batch. Returns the loss sums over all ranks.
-  LossTerms gradients(int micro_batches, const std::function<Batch(int)>& micro_batch,
-                      float ce_scale, float aux_scale);
+  // Steps 1–4 over the program's micro-batches (micro_batch(m) gives the m-th on the ops device).
+  // ce_scale weights each unmasked token's cross-entropy, aux_scale the router losses of a
+  // micro-batch. Returns the loss sums over all ranks.
+  LossTerms gradients(const std::function<Batch(int)>& micro_batch, float ce_scale, float aux_scale);
   // Steps 5–7.
   StepReport apply(float lr);
   // ZeRO-1: every weight from its owner (also after loading a checkpoint).
@@ -63,17 +63,18 @@ class StepSchedule {
   // The device time of the overlapped update that ran during this step (issued at the end of the
   // step before), on its own stream; 0 without one. Read after apply().
   double update_stream_seconds() const { return update_stream_seconds_; }
+  const StepProgram& program() const { return program_; }
   HostPipeline* host_pipeline() { return pipeline_.get(); }
   const HostPipeline* host_pipeline() const { return pipeline_.get(); }
 
  private:
-  void segment_done(int segment);  // the last micro-batch's backward finished it
   void reduce_segment(int segment);
-  void issue_updates();              // step 5 on the update stream
+  void update_segment(int segment);  // step 5 on the update stream
   void wait_update(int segment);     // the compute stream waits for a segment's update
   void wait_updates();
 
   const Plan& plan_;
+  const StepProgram program_;
   Transformer& model_;
   ParamStore& params_;
   Optimizer& optim_;
@@ -82,12 +83,9 @@ class StepSchedule {
   std::unique_ptr<HostPipeline> pipeline_;
   std::unique_ptr<GradReducer> reducer_;               // several ranks only
   std::vector<std::vector<int>> segment_params_;       // parameters by segment
-  std::vector<bool> segment_reduced_;                  // this step's sums issued
-  std::vector<bool> segment_host_updated_;             // a host update reads its gradients
-  bool last_micro_batch_ = false;  // gradients become final in this backward
-  // Overlapped device AdamW (update_ops_ set): per segment the parameters, an event after their
-  // update and gradient zeroing, and whether the compute stream still has to wait for it.
-  std::vector<std::vector<int>> update_params_;
+  // Overlapped device AdamW (update_ops_ set): an event after the gradients are final, per
+  // segment an event after its update and gradient zeroing, and whether the compute stream still
+  // has to wait for it.
   Event grads_done_;
   std::vector<Event> update_done_;
   std::vector<bool> update_pending_;

@@ -19,6 +19,7 @@
 #include "data/prepare_data.h"
 #include "parallel/launch.h"
 #include "plan/report.h"
+#include "plan/program.h"
 #include "plan/search.h"
 #include "train/checkpointing.h"
 #include "train/growth.h"
@@ -225,10 +226,16 @@ int cmd_plan(const PlanArgs& args) {
   }
   // A plan that does not fit is printed too (where the memory goes), then refused.
   const Plan plan = make_plan(cfg, machine, world, /*check_fit=*/false);
-  if (args.json)
-    std::printf("%s\n", plan_json(plan).dump(2).c_str());
-  else
+  MOP_USER_CHECK(args.rank < world, "--rank ", args.rank, " is not a rank of the plan's ", world);
+  if (args.json) {
+    Json j = plan_json(plan);
+    if (args.program) j["program"] = program_json(make_step_program(plan, args.rank));
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
     std::printf("%s%s", plan_text(plan).c_str(), growth_plan_text(cfg, machine, world).c_str());
+    if (args.program)
+      std::printf("\nrank %d's %s", args.rank, program_text(make_step_program(plan, args.rank)).c_str());
+  }
   const std::string overflow = plan_overflow(plan);
   MOP_USER_CHECK(overflow.empty(), overflow);
   return 0;

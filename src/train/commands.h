@@ -35,6 +35,8 @@ struct PlanArgs {
   bool search = false;  // rank every plan the config's open keys allow
   bool json = false;
   int top = 10;         // --search: plans listed
+  bool program = false; // also print rank `rank`'s step program (plan/program.h)
+  int rank = 0;
 };
 int cmd_plan(const PlanArgs& args);
 

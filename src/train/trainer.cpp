@@ -227,13 +227,15 @@ void Trainer::build() {
                             groups_->world_host);
   }
 
-  // 7. The step's schedule: segment hooks, gradient sums, host pipeline; with every parameter's
-  // state with the backend, its AdamW overlapped with the next forward on a stream of its own.
+  // 7. The step's schedule runs this rank's step program: gradient sums, host pipeline; with every
+  // parameter's state with the backend, its AdamW overlapped with the next forward on a stream of
+  // its own.
+  StepProgram program = make_step_program(plan_, world_.rank);
   std::unique_ptr<TimedOps> update_ops;
-  if (cfg_.optim.overlap && optim_->host_params().empty() && plan_.owner.empty())
+  if (program.shape.device_update_overlapped)
     update_ops = std::make_unique<TimedOps>(make_ops(plan_.run.device, world_.local_rank));
-  schedule_ = std::make_unique<StepSchedule>(plan_, *model_, *params_, *optim_, *groups_, *timed_,
-                                             std::move(update_ops));
+  schedule_ = std::make_unique<StepSchedule>(plan_, std::move(program), *model_, *params_, *optim_,
+                                             *groups_, *timed_, std::move(update_ops));
 
   // 8. Weights.
   resume_or_init();
@@ -460,8 +462,7 @@ Trainer::StepLosses Trainer::compute_gradients() {
                  step_ + 1);
   // Router losses are averaged over the step's micro-batches on every data-parallel rank.
   const float aux_scale = 1.0f / float(plan_.micro_batches * plan_.dp);
-  const LossTerms sums = schedule_->gradients(
-      plan_.micro_batches, [this](int m) { return micro_batch(m); }, ce_scale, aux_scale);
+  const LossTerms sums = schedule_->gradients([this](int m) { return micro_batch(m); }, ce_scale, aux_scale);
   return {step_valid_tokens_ > 0 ? sums.ce_sum / double(step_valid_tokens_) : 0.0, sums.aux, sums.z};
 }
 

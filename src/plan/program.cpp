@@ -1,0 +1,124 @@
+// The one-stage step program (see program.h).
+#include "plan/program.h"
+
+#include <cstdio>
+
+#include "model/params.h"
+
+namespace mop {
+
+ProgramShape program_shape(const Plan& plan, int rank) {
+  ProgramShape s;
+  const ModelLayout layout = ModelLayout::build(plan.dims);
+  s.segments = num_segments(plan.dims);
+  s.micro_batches = plan.micro_batches;
+  s.reduce = plan.world > 1;
+  s.async_reduce = s.reduce && plan.run.device != Device::CPU && plan.cfg.parallel.overlap_grad_reduce;
+  s.host_segments.assign(size_t(s.segments), false);
+  bool any_host = false;
+  for (int p = 0; p < int(layout.params.size()); ++p)
+    if (!plan.state_on_host.empty() && plan.state_on_host[size_t(p)] && plan.owns(rank, p)) {
+      s.host_segments[size_t(param_segment(layout, p))] = true;
+      any_host = true;
+    }
+  s.zero1 = !plan.owner.empty();
+  s.device_update_overlapped = plan.cfg.optim.overlap && !any_host && !s.zero1;
+  return s;
+}
+
+StepProgram make_step_program(const ProgramShape& shape) {
+  StepProgram prog;
+  prog.shape = shape;
+  const int S = shape.segments;
+  auto host = [&](int s) { return !shape.host_segments.empty() && shape.host_segments[size_t(s)]; };
+  auto& g = prog.gradients;
+  g.push_back({ActionKind::ZeroGrads, -1, -1, -1, StreamKind::Compute});
+  const StreamKind sums = shape.async_reduce ? StreamKind::GradSums : StreamKind::Compute;
+  for (int m = 0; m < shape.micro_batches; ++m) {
+    const bool last = m + 1 == shape.micro_batches;
+    g.push_back({ActionKind::BeginForward, -1, -1, m, StreamKind::Compute});
+    for (int s = 0; s < S; ++s) {
+      if (host(s)) g.push_back({ActionKind::WeightsReady, s, s + 1, m, StreamKind::Compute});
+      if (shape.device_update_overlapped) g.push_back({ActionKind::WaitUpdate, s, s + 1, m, StreamKind::Compute});
+      g.push_back({ActionKind::Forward, s, s + 1, m, StreamKind::Compute});
+    }
+    g.push_back({ActionKind::BeginBackward, -1, -1, m, StreamKind::Compute});
+    for (int s = S - 1; s >= 0; --s) {
+      g.push_back({ActionKind::Backward, s, s + 1, m, StreamKind::Compute});
+      if (!last) continue;
+      // The segment's gradients are final: sum them, and a host update copies the sums.
+      if (shape.reduce) {
+        g.push_back({ActionKind::ReduceGrads, s, s + 1, m, sums});
+        if (host(s)) g.push_back({ActionKind::JoinReduce, -1, -1, m, StreamKind::Compute});
+      }
+      if (host(s)) g.push_back({ActionKind::GradsToHost, s, s + 1, m, StreamKind::HostCopy});
+    }
+  }
+  if (shape.reduce) g.push_back({ActionKind::JoinReduce, -1, -1, -1, StreamKind::Compute});
+  g.push_back({ActionKind::ReadLosses, -1, -1, -1, StreamKind::Host});
+
+  auto& a = prog.apply;
+  a.push_back({ActionKind::Optimizer, -1, -1, -1, StreamKind::Compute});
+  if (shape.device_update_overlapped)
+    for (int s = 0; s < S; ++s) a.push_back({ActionKind::DeviceUpdate, s, s + 1, -1, StreamKind::Update});
+  bool any_host = false;
+  for (int s = 0; s < S; ++s) any_host = any_host || host(s);
+  if (any_host) a.push_back({ActionKind::HostUpdate, -1, -1, -1, StreamKind::HostCopy});
+  if (shape.zero1) a.push_back({ActionKind::Broadcast, -1, -1, -1, StreamKind::Compute});
+  return prog;
+}
+
+const char* action_name(ActionKind k) {
+  switch (k) {
+    case ActionKind::ZeroGrads: return "zero-grads";
+    case ActionKind::BeginForward: return "begin-forward";
+    case ActionKind::WeightsReady: return "weights-ready";
+    case ActionKind::WaitUpdate: return "wait-update";
+    case ActionKind::Forward: return "forward";
+    case ActionKind::BeginBackward: return "begin-backward";
+    case ActionKind::Backward: return "backward";
+    case ActionKind::ReduceGrads: return "reduce-grads";
+    case ActionKind::JoinReduce: return "join-reduce";
+    case ActionKind::GradsToHost: return "grads-to-host";
+    case ActionKind::ReadLosses: return "read-losses";
+    case ActionKind::Optimizer: return "optimizer";
+    case ActionKind::DeviceUpdate: return "device-update";
+    case ActionKind::HostUpdate: return "host-update";
+    case ActionKind::Broadcast: return "broadcast";
+  }
+  return "?";
+}
+
+const char* stream_name(StreamKind s) {
+  switch (s) {
+    case StreamKind::Compute: return "compute";
+    case StreamKind::GradSums: return "grad-sums";
+    case StreamKind::Update: return "update";
+    case StreamKind::HostCopy: return "host-copy";
+    case StreamKind::Host: return "host";
+  }
+  return "?";
+}
+
+std::string describe(const Action& a) {
+  char seg[32] = "", mb[16] = "";
+  if (a.begin >= 0) std::snprintf(seg, sizeof seg, "seg [%d,%d)", a.begin, a.end);
+  if (a.micro_batch >= 0) std::snprintf(mb, sizeof mb, "mb %d", a.micro_batch);
+  char line[128];
+  std::snprintf(line, sizeof line, "  %-15s %-12s %-6s %s", action_name(a.kind), seg, mb, stream_name(a.stream));
+  return line;
+}
+
+std::string program_text(const StepProgram& p) {
+  const ProgramShape& s = p.shape;
+  std::string out = "step program: " + std::to_string(s.segments) + " segments (embedding, " +
+                    std::to_string(s.segments - 2) + " layers, head), " +
+                    std::to_string(s.micro_batches) + " micro-batch(es)\n";
+  out += "gradients:\n";
+  for (const Action& a : p.gradients) out += describe(a) + "\n";
+  out += "apply:\n";
+  for (const Action& a : p.apply) out += describe(a) + "\n";
+  return out;
+}
+
+}  // namespace mop

@@ -1,0 +1,86 @@
+// The step program: one rank's training step as data — a list of actions (wait for a segment's
+// weights, forward or backward segments [a, b) of micro-batch m, sum a segment's gradients over
+// the ranks, send them to the host, read the losses, update), each on a named stream, that the
+// plan makes and the schedule (schedule/step.h) executes in order. Today's step is the one-stage
+// program: every micro-batch runs forward over all segments, then backward over all of them; the
+// last micro-batch's backward hands each segment's gradients on as soon as they are final.
+// `mop plan --program` prints it; tests compare programs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "plan/plan.h"
+
+namespace mop {
+
+enum class ActionKind {
+  ZeroGrads,      // zero the gradients the first micro-batch does not write (the overlapped
+                  // update of the step before may have zeroed them already)
+  BeginForward,   // micro-batch m: its tokens to the device; the forward phase starts
+  WeightsReady,   // segment s: its host-updated weights are back (the pipeline's event)
+  WaitUpdate,     // segment s: the overlapped device update of the step before is done
+  Forward,        // segments [a, b) of micro-batch m, in order
+  BeginBackward,  // micro-batch m: the backward phase starts (after every overlapped update:
+                  // the backward writes gradients the update zeroes)
+  Backward,       // segments [a, b) of micro-batch m, in reverse order
+  ReduceGrads,    // segment s: its gradient sums over the data-parallel ranks are issued
+  JoinReduce,     // the compute stream waits for the sums issued so far
+  GradsToHost,    // segment s: its final gradients start for the host
+  ReadLosses,     // the losses are read (watched) and summed over the ranks
+  Optimizer,      // global norm, clipping, non-finite check; the device state's AdamW unless
+                  // overlapped
+  DeviceUpdate,   // segment s: AdamW of its device state and its gradients zeroed, overlapped
+                  // with the next step's forward
+  HostUpdate,     // AdamW of the host state (overlapped with the next forward where configured)
+  Broadcast,      // ZeRO-1: every weight from its owner
+};
+
+// Where an action's device work runs.
+enum class StreamKind {
+  Compute,   // the backend's stream
+  GradSums,  // the gradient sums' (several GPU ranks with parallel.overlap_grad_reduce)
+  Update,    // the overlapped device update's
+  HostCopy,  // the host pipeline's copy and upload streams, and its worker threads
+  Host,      // the calling thread, no device work of its own
+};
+
+struct Action {
+  ActionKind kind;
+  int begin = 0, end = 0;  // segments [begin, end) (one segment: end = begin + 1); -1: none
+  int micro_batch = -1;    // -1: not of a micro-batch
+  StreamKind stream = StreamKind::Compute;
+  bool operator==(const Action& o) const = default;
+};
+
+// What the program depends on: the step's shape and this rank's placements.
+struct ProgramShape {
+  int segments = 0;                 // model/params.h: embedding, layers, final norm and head
+  int micro_batches = 1;
+  bool reduce = false;              // several ranks: gradients are summed over them
+  bool async_reduce = false;        // the sums run on a stream of their own (GPU ranks)
+  std::vector<bool> host_segments;  // per segment: this rank updates some of it on the host
+  bool device_update_overlapped = false;  // optim.overlap with all state on the device, no ZeRO
+  bool zero1 = false;               // ZeRO-1 owners broadcast the new weights
+};
+
+struct StepProgram {
+  ProgramShape shape;
+  std::vector<Action> gradients;  // the step's forward and backward, up to the losses
+  std::vector<Action> apply;      // the optimizer's update
+};
+
+// This rank's shape of the plan's step.
+ProgramShape program_shape(const Plan& plan, int rank);
+StepProgram make_step_program(const ProgramShape& shape);
+inline StepProgram make_step_program(const Plan& plan, int rank) {
+  return make_step_program(program_shape(plan, rank));
+}
+
+const char* action_name(ActionKind k);
+const char* stream_name(StreamKind s);
+// One action a line, e.g. "  forward     seg [0,1)  mb 0  compute".
+std::string describe(const Action& a);
+std::string program_text(const StepProgram& p);
+
+}  // namespace mop

@@ -1,0 +1,165 @@
+// The step program the plan makes for configs/tiny.yaml (4 layers: 6 segments), for several
+// layouts, against the action lists written out by hand: one rank with the overlapped device
+// update or without it, host-held state, two GPU ranks summing gradients on their own stream, and
+// ZeRO-1 owners whose programs differ by rank. Also `describe` and the JSON form.
+#include <set>
+#include <string>
+#include <vector>
+
+#include "catch.h"
+#include "config/config.h"
+#include "model/params.h"
+#include "plan/program.h"
+#include "plan/report.h"
+
+using namespace mop;
+
+namespace {
+
+Plan tiny_plan(const std::vector<std::string>& overrides, int world) {
+  const Config cfg = load_config(std::string(MOP_SOURCE_DIR) + "/configs/tiny.yaml", overrides);
+  const std::string device = cfg.train.device == "cuda" ? "h200" : "cpu";
+  return make_plan(cfg, builtin_machine(device), world);
+}
+
+// "name[ segment][ mMB][ (stream)]" per action, joined by " | "; the compute stream is left out.
+std::string compact(const std::vector<Action>& actions) {
+  std::string out;
+  for (const Action& a : actions) {
+    if (!out.empty()) out += " | ";
+    out += action_name(a.kind);
+    if (a.begin >= 0) {
+      REQUIRE(a.end == a.begin + 1);
+      out += " " + std::to_string(a.begin);
+    }
+    if (a.micro_batch >= 0) out += " m" + std::to_string(a.micro_batch);
+    if (a.stream != StreamKind::Compute) out += std::string(" (") + stream_name(a.stream) + ")";
+  }
+  return out;
+}
+
+// The forward of micro-batch m: `before(s)` then "forward s mM" for segments 0..5, written out.
+std::string forward(int m, const std::string& before) {
+  std::string out = "begin-forward m" + std::to_string(m);
+  for (int s = 0; s <= 5; ++s) {
+    const std::string tail = " " + std::to_string(s) + " m" + std::to_string(m);
+    if (!before.empty()) out += " | " + before + tail;
+    out += " | forward" + tail;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("program: one CPU rank, two micro-batches, the device update overlapped", "[cpu][plan]") {
+  const Plan plan = tiny_plan({}, 1);
+  REQUIRE(plan.micro_batches == 2);
+  const StepProgram p = make_step_program(plan, 0);
+  CHECK(p.shape.segments == 6);
+  CHECK(p.shape.device_update_overlapped);
+  const std::string bwd0 = "begin-backward m0 | backward 5 m0 | backward 4 m0 | backward 3 m0 | "
+                           "backward 2 m0 | backward 1 m0 | backward 0 m0";
+  const std::string bwd1 = "begin-backward m1 | backward 5 m1 | backward 4 m1 | backward 3 m1 | "
+                           "backward 2 m1 | backward 1 m1 | backward 0 m1";
+  CHECK(compact(p.gradients) == "zero-grads | " + forward(0, "wait-update") + " | " + bwd0 + " | " +
+                                    forward(1, "wait-update") + " | " + bwd1 + " | read-losses (host)");
+  CHECK(compact(p.apply) ==
+        "optimizer | device-update 0 (update) | device-update 1 (update) | device-update 2 (update) | "
+        "device-update 3 (update) | device-update 4 (update) | device-update 5 (update)");
+}
+
+TEST_CASE("program: one rank, one micro-batch, updates in turn", "[cpu][plan]") {
+  const Plan plan = tiny_plan({"optim.overlap=false", "train.global_batch_size=8"}, 1);
+  const StepProgram p = make_step_program(plan, 0);
+  CHECK(compact(p.gradients) ==
+        "zero-grads | begin-forward m0 | forward 0 m0 | forward 1 m0 | forward 2 m0 | forward 3 m0 | "
+        "forward 4 m0 | forward 5 m0 | begin-backward m0 | backward 5 m0 | backward 4 m0 | "
+        "backward 3 m0 | backward 2 m0 | backward 1 m0 | backward 0 m0 | read-losses (host)");
+  CHECK(compact(p.apply) == "optimizer");
+}
+
+TEST_CASE("program: host-held state waits for each segment's weights and sends its gradients",
+          "[cpu][plan]") {
+  const Plan plan = tiny_plan({"optim.state_placement=host", "train.global_batch_size=8"}, 1);
+  const StepProgram p = make_step_program(plan, 0);
+  CHECK(!p.shape.device_update_overlapped);
+  CHECK(compact(p.gradients) ==
+        "zero-grads | " + forward(0, "weights-ready") +
+            " | begin-backward m0 | backward 5 m0 | grads-to-host 5 m0 (host-copy) | backward 4 m0 | "
+            "grads-to-host 4 m0 (host-copy) | backward 3 m0 | grads-to-host 3 m0 (host-copy) | "
+            "backward 2 m0 | grads-to-host 2 m0 (host-copy) | backward 1 m0 | "
+            "grads-to-host 1 m0 (host-copy) | backward 0 m0 | grads-to-host 0 m0 (host-copy) | "
+            "read-losses (host)");
+  CHECK(compact(p.apply) == "optimizer | host-update (host-copy)");
+}
+
+TEST_CASE("program: two GPU ranks sum each segment's gradients on their own stream", "[cpu][plan]") {
+  const Plan plan = tiny_plan({"train.device=cuda", "parallel.attention.dp=2", "parallel.moe.dp=2",
+                               "parallel.zero=false", "optim.state_placement=gpu"},
+                              2);
+  REQUIRE(plan.micro_batches == 1);
+  for (int rank : {0, 1}) {
+    const StepProgram p = make_step_program(plan, rank);
+    CHECK(compact(p.gradients) ==
+          "zero-grads | " + forward(0, "wait-update") +
+              " | begin-backward m0 | backward 5 m0 | reduce-grads 5 m0 (grad-sums) | backward 4 m0 | "
+              "reduce-grads 4 m0 (grad-sums) | backward 3 m0 | reduce-grads 3 m0 (grad-sums) | "
+              "backward 2 m0 | reduce-grads 2 m0 (grad-sums) | backward 1 m0 | "
+              "reduce-grads 1 m0 (grad-sums) | backward 0 m0 | reduce-grads 0 m0 (grad-sums) | "
+              "join-reduce | read-losses (host)");
+    CHECK(p.apply.size() == 7);
+  }
+  // parallel.overlap_grad_reduce: false sums on the compute stream, in turn.
+  const Plan serial = tiny_plan({"train.device=cuda", "parallel.attention.dp=2", "parallel.moe.dp=2",
+                                 "parallel.zero=false", "parallel.overlap_grad_reduce=false"},
+                                2);
+  for (const Action& a : make_step_program(serial, 0).gradients) CHECK(a.stream != StreamKind::GradSums);
+}
+
+TEST_CASE("program: ZeRO-1 owners with host state: each rank sends the segments it owns",
+          "[cpu][plan]") {
+  const Plan plan = tiny_plan({"parallel.attention.dp=2", "parallel.moe.dp=2", "optim.state_placement=host",
+                               "train.global_batch_size=16"},
+                              2);
+  REQUIRE(!plan.owner.empty());
+  std::set<int> sent_by_any;
+  const ModelLayout layout = ModelLayout::build(plan.dims);
+  for (int rank : {0, 1}) {
+    const StepProgram p = make_step_program(plan, rank);
+    std::set<int> sent;
+    for (size_t i = 0; i < p.gradients.size(); ++i) {
+      const Action& a = p.gradients[i];
+      if (a.kind != ActionKind::GradsToHost) continue;
+      sent.insert(a.begin);
+      // Its sums first, joined: the host copies summed gradients.
+      REQUIRE(i >= 3);
+      CHECK(p.gradients[i - 1].kind == ActionKind::JoinReduce);
+      CHECK(p.gradients[i - 2].kind == ActionKind::ReduceGrads);
+      CHECK(p.gradients[i - 2].begin == a.begin);
+      CHECK(p.gradients[i - 3].kind == ActionKind::Backward);
+    }
+    // Exactly the segments with a parameter this rank owns.
+    std::set<int> owned;
+    for (int q = 0; q < int(layout.params.size()); ++q)
+      if (plan.owns(rank, q)) owned.insert(param_segment(layout, q));
+    CHECK(sent == owned);
+    sent_by_any.insert(sent.begin(), sent.end());
+    CHECK(compact(p.apply) == "optimizer | host-update (host-copy) | broadcast");
+  }
+  CHECK(sent_by_any.size() == 6);
+}
+
+TEST_CASE("program: its text and JSON forms", "[cpu][plan]") {
+  const Plan plan = tiny_plan({"train.global_batch_size=8", "optim.overlap=false"}, 1);
+  const StepProgram p = make_step_program(plan, 0);
+  const std::string text = program_text(p);
+  CHECK(text.find("step program: 6 segments (embedding, 4 layers, head), 1 micro-batch(es)") == 0);
+  CHECK(text.find("  forward         seg [2,3)    mb 0   compute\n") != std::string::npos);
+  const Json j = program_json(p);
+  const Json::Array& grads = j.at("gradients").as_array();
+  REQUIRE(grads.size() == p.gradients.size());
+  CHECK(grads[1].at("action").as_string() == "begin-forward");
+  CHECK(grads[1].at("micro_batch").as_int64() == 0);
+  CHECK(grads[2].at("segments") == Json(Json::Array{Json(0), Json(1)}));
+  CHECK(j.at("apply").as_array()[0].at("action").as_string() == "optimizer");
+}
