@@ -77,24 +77,6 @@ std::string count_text(double n) {
   return buf;
 }
 
-// ZeRO-1 owners: largest parameter first onto the least-loaded rank of the group that replicates
-// it (dense: every rank; experts: the edp group), the same order and result on every rank.
-std::vector<int> assign_owners(const ModelLayout& layout, int world, int edp) {
-  const int n = int(layout.params.size());
-  std::vector<int> order(n), owner(size_t(n), 0);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return layout.params[a].numel() > layout.params[b].numel(); });
-  std::vector<int64_t> dense_load(size_t(world), 0), expert_load(size_t(edp), 0);
-  for (int p : order) {
-    auto& load = layout.params[p].kind == ParamKind::Experts ? expert_load : dense_load;
-    const int best = int(std::min_element(load.begin(), load.end()) - load.begin());
-    load[size_t(best)] += layout.params[p].numel();
-    owner[size_t(p)] = best;
-  }
-  return owner;
-}
-
 // Bytes of the ops device's memory a micro-batch's workspaces take (device kinds only).
 size_t workspace_bytes(const Plan& p) {
   if (p.run.device == Device::CPU) return 0;
@@ -225,11 +207,6 @@ void place_saved(Plan& p, const ModelDims& local_dims) {
 
 }  // namespace
 
-bool Plan::owns(int rank, int p) const {
-  if (owner.empty()) return true;
-  return owner[size_t(p)] == (expert_param[size_t(p)] ? rank / ep : rank);
-}
-
 MemoryPlan Plan::memory_of_rank(int rank) const {
   const ModelLayout local = ModelLayout::build(ModelDims::from(cfg, rank % ep, ep));
   const bool gpu = run.device != Device::CPU;
@@ -357,8 +334,7 @@ Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_
   ao.moe_chunks = p.moe_chunks;
   ao.compute = p.run.compute;
   ao.moe_chunk = moe_chunk(cfg, int64_t(ao.max_batch) * ao.max_seq);
-  for (const ParamDef& d : local.params) p.expert_param.push_back(d.kind == ParamKind::Experts);
-  if (par.zero && world > 1) p.owner = assign_owners(local, world, p.edp);
+  p.parallel = make_parallel_spec(local, p.cp, p.dp, p.ep, p.edp, par.zero);
   place_saved(p, local_dims);
   p.activations = plan_activations(local_dims, ao);
   {
@@ -398,7 +374,7 @@ Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_
 
   // The rank that needs the most device memory (ZeRO owners differ).
   p.memory = p.memory_of_rank(0);
-  for (int r = 1; r < world && !p.owner.empty(); ++r) {
+  for (int r = 1; r < world && p.parallel.zero1(); ++r) {
     MemoryPlan m = p.memory_of_rank(r);
     if (m.device_total() > p.memory.device_total()) p.memory = m, p.memory_rank = r;
   }

@@ -15,6 +15,7 @@
 #include "model/model_spec.h"
 #include "plan/activations.h"
 #include "plan/machine.h"
+#include "plan/parallel_spec.h"
 #include "plan/time_model.h"
 
 namespace mop {
@@ -67,11 +68,11 @@ struct Plan {
   int local_seq = 0;       // tokens of each sequence on a rank (S / cp)
   int micro_batches = 1;   // per optimizer step on a rank
   // Optimizer state: per segment (model/params.h) in host memory or not, per parameter the same
-  // (empty: none on the host), and the ZeRO owner of each parameter in its replica group (dense:
-  // the world, experts: the edp group; empty: no ZeRO).
+  // (empty: none on the host).
   std::vector<bool> segment_on_host, state_on_host;
-  std::vector<int> owner;
-  std::vector<bool> expert_param;  // per parameter: an expert tensor (sharded over ep)
+  // The mesh and each parameter's replicas and sharding (ZeRO-1 owners), per parameter of a
+  // rank's layout.
+  ParallelSpec parallel;
   int64_t host_params = 0;  // parameters whose state is in host memory (all ranks' owners)
 
   ActivationOptions activation_options;  // what the model's arena is laid out for
@@ -85,7 +86,7 @@ struct Plan {
   // This rank's memory (ZeRO owners hold different state per rank).
   MemoryPlan memory_of_rank(int rank) const;
   // Whether `rank` keeps parameter p's optimizer state (and updates it).
-  bool owns(int rank, int p) const;
+  bool owns(int rank, int p) const { return parallel.owns(rank, p); }
   // Tokens per optimizer step (all ranks) and the model FLOPs of one step.
   int64_t tokens_per_step() const;
   double model_flops_per_step() const;

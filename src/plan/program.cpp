@@ -21,7 +21,7 @@ ProgramShape program_shape(const Plan& plan, int rank) {
       s.host_segments[size_t(param_segment(layout, p))] = true;
       any_host = true;
     }
-  s.zero1 = !plan.owner.empty();
+  s.zero1 = plan.parallel.zero1();
   s.device_update_overlapped = plan.cfg.optim.overlap && !any_host && !s.zero1;
   return s;
 }

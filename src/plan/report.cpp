@@ -106,7 +106,7 @@ std::string plan_text(const Plan& p) {
   o += "  batch: " + std::to_string(p.cfg.train.global_batch_size) + " sequences × " +
        std::to_string(p.cfg.data.seq_len) + " tokens per step; " + std::to_string(p.micro_batches) +
        " micro-batch(es) of " + std::to_string(p.cfg.train.micro_batch_size) + " per rank; recompute " +
-       (p.cfg.train.recompute ? "on" : "off") + (p.owner.empty() ? "" : "; ZeRO-1") + "\n\n";
+       (p.cfg.train.recompute ? "on" : "off") + (p.parallel.zero1() ? "; ZeRO-1" : "") + "\n\n";
 
   const std::vector<CompMemory> mem = component_memory(p);
   char line[320];
@@ -202,7 +202,7 @@ Json plan_json(const Plan& p) {
   f["moe_chunk_tokens"] = p.activation_options.chunk_tokens(tokens);
   f["keep_attention_layers"] = p.activation_options.keep_attention;
   f["host_layers"] = p.activation_options.host_layers;
-  f["zero"] = !p.owner.empty();
+  f["zero"] = p.parallel.zero1();
   f["state_placement"] = p.cfg.optim.state_placement;
   Json seg = Json::array();
   for (bool h : p.segment_on_host) seg.push_back(h ? "host" : "device");

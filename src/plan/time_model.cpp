@@ -441,10 +441,10 @@ void Model::optimizer() {
   charge(OpCategory::Optimizer, op_bytes::adamw(native, double(dtype_size(p_.run.grad)), c_) / d_.adamw_bw +
                                     launches * d_.launch_seconds);
   // ZeRO: every weight from its owner, on the compute stream.
-  if (!p_.owner.empty()) {
+  if (p_.parallel.zero1()) {
     double dense = 0, expert = 0;
     for (size_t q = 0; q < local.params.size(); ++q)
-      (p_.expert_param[q] ? expert : dense) += double(local.params[q].numel()) * c_;
+      (p_.parallel.params[q].group == ReplicaGroup::Edp ? expert : dense) += double(local.params[q].numel()) * c_;
     exposed_comm(send_recv(dense, world_group_) + send_recv(expert, edp_group_) +
                  local.params.size() * l_.node_latency);
   }
@@ -459,7 +459,7 @@ void Model::grad_sums(const std::vector<double>& segment_done, double backward_e
   const int segments = num_segments(p_.dims);
   std::vector<double> dense(size_t(segments), 0), expert(size_t(segments), 0);
   for (size_t q = 0; q < local.params.size(); ++q)
-    (p_.expert_param[q] ? expert : dense)[size_t(param_segment(local, int(q)))] +=
+    (p_.parallel.params[q].group == ReplicaGroup::Edp ? expert : dense)[size_t(param_segment(local, int(q)))] +=
         double(local.params[q].numel()) * double(dtype_size(p_.run.grad));
   double stream_free = 0, total = 0;
   // Backward finishes the segments from the last to the first.

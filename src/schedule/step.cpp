@@ -39,7 +39,7 @@ StepSchedule::StepSchedule(const Plan& plan, StepProgram program, Transformer& m
   MOP_CHECK((update_ops != nullptr) == shape.device_update_overlapped,
             "the overlapped device update needs its stream's Ops exactly when the program has it");
   if (update_ops) {
-    MOP_CHECK(optim.host_params().empty() && plan.owner.empty(),
+    MOP_CHECK(optim.host_params().empty() && !plan.parallel.zero1(),
               "an overlapped device update with host-held state or ZeRO-1 owners");
     update_ops_ = std::move(update_ops);
     grads_done_ = Event(timed.device());
@@ -74,11 +74,11 @@ void StepSchedule::wait_updates() {
 }
 
 void StepSchedule::reduce_segment(int segment) {
-  // Dense weights are replicated on every rank: sum over all of them. Experts are sharded over
-  // ep: sum over the ranks that hold the same experts.
+  // Over each parameter's replicas: dense weights are on every rank, experts on the ranks that
+  // hold the same experts.
   std::vector<Tensor> dense, expert;
   for (int p : segment_params_[size_t(segment)])
-    (params_.layout().params[p].kind == ParamKind::Experts ? expert : dense).push_back(params_.grad(p));
+    (plan_.parallel.params[size_t(p)].group == ReplicaGroup::Edp ? expert : dense).push_back(params_.grad(p));
   reducer_->reduce(dense, expert);
 }
 
@@ -174,14 +174,15 @@ StepReport StepSchedule::apply(float lr) {
 }
 
 void StepSchedule::broadcast_weights() {
-  if (plan_.owner.empty()) return;
+  const ParallelSpec& spec = plan_.parallel;
+  if (!spec.zero1()) return;
   // Owned host-placed weights must be written (not the state: a two-pass host update may still be
   // writing it, which the broadcast does not need).
   if (pipeline_)
     for (int s = 0; s < num_segments(params_.layout().dims); ++s) pipeline_->weights_ready(s);
   for (int p = 0; p < params_.num_params(); ++p) {
-    const bool expert = params_.layout().params[p].kind == ParamKind::Experts;
-    (expert ? groups_.edp_data : groups_.world_data)->broadcast(params_.weight(p), plan_.owner[size_t(p)]);
+    const ParamSharding& s = spec.params[size_t(p)];
+    (s.group == ReplicaGroup::Edp ? groups_.edp_data : groups_.world_data)->broadcast(params_.weight(p), s.owner);
   }
 }
 

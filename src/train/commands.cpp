@@ -226,7 +226,7 @@ int cmd_plan(const PlanArgs& args) {
   }
   // A plan that does not fit is printed too (where the memory goes), then refused.
   const Plan plan = make_plan(cfg, machine, world, /*check_fit=*/false);
-  MOP_USER_CHECK(args.rank < world, "--rank ", args.rank, " is not a rank of the plan's ", world);
+  MOP_USER_CHECK(args.rank < world, "--rank ", args.rank, ": the plan has ", world, " rank(s), 0 to ", world - 1);
   if (args.json) {
     Json j = plan_json(plan);
     if (args.program) j["program"] = program_json(make_step_program(plan, args.rank));

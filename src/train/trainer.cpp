@@ -217,7 +217,7 @@ void Trainer::build() {
 
   // 6. Optimizer state where the plan put it; ZeRO owners from the plan.
   std::vector<bool> owned;
-  if (!plan_.owner.empty())
+  if (plan_.parallel.zero1())
     for (int p = 0; p < int(layout_.params.size()); ++p) owned.push_back(plan_.owns(world_.rank, p));
   optim_ = std::make_unique<Optimizer>(cfg_.optim, *params_, *ops_, plan_.state_on_host, owned);
   if (world_.size > 1) {

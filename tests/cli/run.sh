@@ -105,6 +105,10 @@ expect 0 "the best plan" -- plan --config "$src/configs/q3moe-8l.yaml" --gpus 8 
 "$mop" plan --config "$src/configs/q3moe-8l.yaml" --json > plan.json 2>&1
 python3 -c "import json,sys; d=json.load(open('plan.json')); sys.exit(0 if d['time']['step'] > 0 and d['memory']['device_total'] > 0 else 1)" \
   || { echo "FAIL: mop plan --json is not a plan"; failures=$((failures + 1)); }
+# The step program: rank 0's by default, another rank's with --rank, refused for a rank outside the plan.
+expect 0 "device-update   seg [3,4)" -- plan --config good.yaml --program
+expect 0 "grads-to-host" -- plan --config good.yaml --set parallel.attention.dp=2 --set parallel.moe.dp=2 --set optim.state_placement=host --program --rank 1
+expect 2 "--rank 2: the plan has 2 rank(s), 0 to 1" -- plan --config good.yaml --set parallel.attention.dp=2 --set parallel.moe.dp=2 --program --rank 2
 expect 2 "The largest is the activations; to fit" -- plan --config "$src/configs/q3moe-8l.yaml" --set data.seq_len=131072 --set train.global_batch_size=1
 expect 2 "no plan fits" -- plan --config "$src/configs/moe-1t.yaml" --machine "$src/configs/machines/h200-12-nodes.yaml" --search --top 1
 expect 0 "wrote machine.yaml" -- calibrate --device cpu --out machine.yaml

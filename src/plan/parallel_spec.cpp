@@ -1,0 +1,37 @@
+// The parallel spec (see parallel_spec.h).
+#include "plan/parallel_spec.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace mop {
+
+bool ParallelSpec::zero1() const {
+  return std::any_of(params.begin(), params.end(), [](const ParamSharding& s) { return s.kind == Sharding::Owner; });
+}
+
+ParallelSpec make_parallel_spec(const ModelLayout& layout, int cp, int dp, int ep, int edp, bool zero) {
+  ParallelSpec spec;
+  spec.cp = cp, spec.dp = dp, spec.ep = ep, spec.edp = edp;
+  const int n = int(layout.params.size());
+  spec.params.resize(size_t(n));
+  for (int p = 0; p < n; ++p)
+    spec.params[size_t(p)].group = layout.params[p].kind == ParamKind::Experts ? ReplicaGroup::Edp : ReplicaGroup::World;
+  if (!zero || spec.world() == 1) return spec;
+  // ZeRO-1 owners: largest parameter first onto the least-loaded replica of its group.
+  std::vector<int> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return layout.params[a].numel() > layout.params[b].numel(); });
+  std::vector<int64_t> dense_load(size_t(spec.world()), 0), expert_load(size_t(edp), 0);
+  for (int p : order) {
+    ParamSharding& s = spec.params[size_t(p)];
+    auto& load = s.group == ReplicaGroup::Edp ? expert_load : dense_load;
+    const int best = int(std::min_element(load.begin(), load.end()) - load.begin());
+    load[size_t(best)] += layout.params[p].numel();
+    s.kind = Sharding::Owner, s.owner = best;
+  }
+  return spec;
+}
+
+}  // namespace mop

@@ -1,0 +1,54 @@
+// The parallel spec: the mesh's dimensions (attention cp × dp, experts ep × edp; pp reserved at 1)
+// and, for every parameter of a rank's layout, the group of ranks that hold copies of it and how
+// they share it: replicated (each keeps the whole optimizer state and updates it) or owner (ZeRO-1:
+// one replica keeps the state, updates, and broadcasts the new weights). The plan makes it; the
+// schedule, the optimizer and the time model read it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/model_spec.h"
+
+namespace mop {
+
+// The ranks that hold the same copy of a parameter.
+enum class ReplicaGroup {
+  World,  // dense parameters: every rank (cp × dp)
+  Edp,    // experts: the ranks that hold the same experts (the edp group, one per ep rank)
+};
+
+enum class Sharding {
+  Replicated,  // every replica keeps the state and updates it
+  Owner,       // ZeRO-1: the owner keeps the state and broadcasts the weights
+};
+
+struct ParamSharding {
+  ReplicaGroup group = ReplicaGroup::World;
+  Sharding kind = Sharding::Replicated;
+  int owner = 0;  // Owner: the owner's index in the group
+};
+
+struct ParallelSpec {
+  int cp = 1, dp = 1, ep = 1, edp = 1, pp = 1;
+  std::vector<ParamSharding> params;  // per parameter of the layout (ModelLayout order)
+
+  int world() const { return cp * dp; }
+  bool zero1() const;  // some parameter has an owner
+  // `rank`'s index in parameter p's replica group (MoE folding: rank = edp · ep + ep_rank).
+  int replica_index(int rank, int p) const {
+    return params[size_t(p)].group == ReplicaGroup::World ? rank : rank / ep;
+  }
+  // Whether `rank` keeps parameter p's optimizer state and updates it.
+  bool owns(int rank, int p) const {
+    const ParamSharding& s = params[size_t(p)];
+    return s.kind == Sharding::Replicated || s.owner == replica_index(rank, p);
+  }
+};
+
+// The spec of `layout` (a rank's: its experts) on a cp × dp = ep × edp mesh; zero: ZeRO-1 owners
+// over each parameter's replicas (largest parameter first onto the least-loaded replica, the same
+// on every rank), else every parameter replicated. One rank is always replicated.
+ParallelSpec make_parallel_spec(const ModelLayout& layout, int cp, int dp, int ep, int edp, bool zero);
+
+}  // namespace mop
