@@ -9,10 +9,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <optional>
 #include <utility>
 
@@ -30,11 +28,6 @@
 namespace mop {
 
 namespace {
-
-std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
-int g_stop_signals_depth = 0;  // StopSignals alive (constructed and destroyed on the main thread)
-constexpr int kStopSignals[3] = {SIGTERM, SIGINT, SIGUSR1};
 
 // "attention 77 ms (16%) | ...": the plan's time split in the log's form.
 std::string predicted_split(const std::array<double, kNumOpCategories>& seconds) {
@@ -558,19 +551,8 @@ void Trainer::save_checkpoint() {
   }
 }
 
-StopSignals::StopSignals() {
-  if (g_stop_signals_depth++ > 0) return;
-  g_stop_signal.store(0);
-  for (int i = 0; i < 3; ++i) prev_[i] = std::signal(kStopSignals[i], on_stop_signal);
-}
-
-StopSignals::~StopSignals() {
-  if (--g_stop_signals_depth > 0) return;
-  for (int i = 0; i < 3; ++i) std::signal(kStopSignals[i], prev_[i]);
-}
-
 bool Trainer::stop_requested() {
-  double sig = double(g_stop_signal.load());
+  const double sig = double(pending_stop_signal());
   stop_signal_ = int(groups_->world_host->all_reduce_host(sig, Comm::Op::Max));
   return stop_signal_ != 0;
 }

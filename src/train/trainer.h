@@ -27,6 +27,7 @@
 #include "train/checkpointing.h"
 #include "train/growth.h"
 #include "train/metrics.h"
+#include "train/signals.h"  // what stops run(); `mop train` and the tests hold them too
 
 namespace mop {
 
@@ -40,24 +41,6 @@ Machine run_machine(const Config& cfg, World& world);
 // The configuration a run trains with: cfg itself, or with train.plan: auto the first plan of
 // `mop plan --search` for this machine (the keys cfg pins kept).
 Config planned_config(const Config& cfg, const Machine& machine, int world);
-
-// While one is alive, SIGTERM, SIGINT and SIGUSR1 (Slurm's usual preemption notice) request a
-// stop instead of ending the process: Trainer::run stops at the next step boundary with a
-// checkpoint, or before its first step when the signal came during start-up (loading a large
-// checkpoint can take minutes; the run then exits 0 and a requeue resumes). `mop train` holds one
-// from before MPI starts (main.cpp), Trainer::run one more; the outermost restores the previous
-// handlers.
-class StopSignals {
- public:
-  StopSignals();
-  ~StopSignals();
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  using Handler = void (*)(int);
-  Handler prev_[3] = {};
-};
 
 class Trainer {
  public:
