@@ -163,7 +163,8 @@ void Trainer::build() {
                             {&groups_->cp_ring, "ring attention"}})
       if (*c) *c = time_comm(std::move(*c), *timed_, label);
   dp_rank_ = groups_->dp;
-  if (plan_.cp > 1) local_positions_ = zigzag_positions(int(cfg_.data.seq_len), plan_.cp, groups_->cp);
+  slicer_ = std::make_unique<SequenceSlicer>(int(cfg_.train.micro_batch_size),
+                                             int(cfg_.data.seq_len), plan_.cp, groups_->cp);
 
   // 3. Layout (this rank's experts), parameters.
   layout_ = ModelLayout::build(ModelDims::from(cfg_, groups_->ep, groups_->ep_size));
@@ -201,10 +202,6 @@ void Trainer::build() {
   const size_t tokens_local = size_t(cfg_.train.micro_batch_size) * size_t(plan_.local_seq);
   const size_t tokens = size_t(plan_.micro_batches) * tokens_local;
   ids_.assign(tokens, 0), targets_.assign(tokens, 0), positions_.assign(tokens, 0);
-  if (plan_.cp > 1) {  // whole sequences as read, before this rank keeps its chunks
-    size_t full = size_t(cfg_.train.micro_batch_size) * size_t(cfg_.data.seq_len);
-    full_ids_.assign(full, 0), full_targets_.assign(full, 0), full_positions_.assign(full, 0);
-  }
   if (plan_.run.device != Device::CPU)  // one micro-batch's ids/targets/positions on the GPU
     batch_dev_ = Buffer(MemKind::Device, 3 * tokens_local * sizeof(int32_t));
 
@@ -394,23 +391,11 @@ void Trainer::resume_or_init() {
 int64_t Trainer::fill_local(int64_t first, bool valid_split, int32_t* ids, int32_t* targets,
                             int32_t* positions) {
   const int b = int(cfg_.train.micro_batch_size);
-  auto fill = [&](int32_t* i, int32_t* t, int32_t* p) {
-    return valid_split ? loader_->fill_valid(first, b, i, t, p) : loader_->fill(first, b, i, t, p);
-  };
-  if (local_positions_.empty()) return fill(ids, targets, positions);
-  // Sequence parallelism: read whole sequences, keep this rank's chunks.
-  fill(full_ids_.data(), full_targets_.data(), full_positions_.data());
-  const int64_t S = cfg_.data.seq_len, sl = plan_.local_seq;
-  int64_t valid = 0;
-  for (int64_t q = 0; q < b; ++q)
-    for (int64_t l = 0; l < sl; ++l) {
-      int64_t from = q * S + local_positions_[size_t(l)], to = q * sl + l;
-      ids[to] = full_ids_[size_t(from)];
-      targets[to] = full_targets_[size_t(from)];
-      positions[to] = full_positions_[size_t(from)];
-      valid += targets[to] >= 0;
-    }
-  return valid;
+  return slicer_->fill(
+      [&](int32_t* i, int32_t* t, int32_t* p) {
+        return valid_split ? loader_->fill_valid(first, b, i, t, p) : loader_->fill(first, b, i, t, p);
+      },
+      ids, targets, positions);
 }
 
 void Trainer::fill_step_batches() {

@@ -20,6 +20,7 @@
 #include "ops/timed_ops.h"
 #include "optim/optimizer.h"
 #include "parallel/groups.h"
+#include "parallel/sequence_parallel.h"
 #include "parallel/world.h"
 #include "plan/plan.h"
 #include "schedule/step.h"
@@ -125,8 +126,7 @@ class Trainer {
   int64_t consumed_samples_ = 0;  // global training samples consumed
   int dp_rank_ = 0;
   std::vector<int32_t> ids_, targets_, positions_;  // this rank's micro-batches of the step
-  std::vector<int> local_positions_;     // cp > 1: which positions of a sequence this rank holds
-  std::vector<int32_t> full_ids_, full_targets_, full_positions_;  // cp > 1: staging
+  std::unique_ptr<SequenceSlicer> slicer_;          // this cp rank's tokens of the sequences read
   int64_t step_valid_tokens_ = 0;                   // unmasked targets of the step, all ranks
   int64_t last_saved_step_ = -1;
   Buffer batch_dev_;  // one micro-batch's ids, targets, positions on the GPU
