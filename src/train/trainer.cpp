@@ -5,12 +5,11 @@
 // gradient as one big batch.
 #include "train/trainer.h"
 
-#include <filesystem>
-
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <optional>
 #include <utility>
 
@@ -92,44 +91,17 @@ Config planned_config(const Config& cfg, const Machine& machine, int world) {
   return r.feasible.front().plan.cfg;
 }
 
-Trainer::Trainer(Config cfg, World& world, std::shared_ptr<const HeldCheckpoint> held)
-    : world_(world), held_in_(std::move(held)) {
-  growth_ = growth_schedule(cfg);
-  if (!growth_.empty()) {
-    // The stage of the checkpoint (or held state) this run starts from; a boundary step's is the
-    // next stage's.
-    const std::optional<std::string> from = held_in_ ? std::nullopt : resolve_resume_dir(cfg);
-    const int64_t step = held_in_ ? held_in_->state.step : from ? read_manifest(*from).step : 0;
-    stage_ = growth_.stage_at(step);
-    const int64_t want = growth_.experts[size_t(stage_)];
-    MOP_CHECK(!held_in_ || held_in_->config.moe.num_experts == want, "the held state has ",
-              held_in_->config.moe.num_experts, " experts, stage ", stage_ + 1, " ", want);
-    if (from) {
-      const int64_t has = checkpoint_config(*from).moe.num_experts;
-      // Saved at a boundary but not yet grown (the job ended in between): grow it now.
-      if (has != want && stage_ > 0 && growth_.is_boundary(step) && has == growth_.experts[size_t(stage_ - 1)]) {
-        if (world_.is_root()) {
-          spdlog::warn("growth: {} was saved at the end of stage {} but not grown; growing it", *from, stage_);
-          grow_checkpoint(*from, growth_options(cfg, growth_, stage_));
-        }
-        world_.comm->barrier();
-      } else {
-        MOP_USER_CHECK(has == want, "checkpoint ", *from, " at step ", step, " has ", has, " experts per MoE "
-                       "layer; moe.growth has ", want, " at that step (stage ", stage_ + 1, " of ",
-                       growth_.stages(), "): resume with the schedule that wrote it");
-      }
-    }
-    const int64_t first = stage_ ? growth_.end_step[size_t(stage_ - 1)] + 1 : 1;
-    spdlog::info("growth: stage {} of {}: {} experts per MoE layer for steps {}–{}{}", stage_ + 1,
-                 growth_.stages(), want, first, growth_.end_step[size_t(stage_)],
-                 stage_ + 1 < growth_.stages()
-                     ? fmt::format(", then {}", growth_.experts[size_t(stage_ + 1)])
-                     : std::string());
-    cfg = stage_config(cfg, growth_, stage_);
-  }
-  cfg_ = std::move(cfg);
+Trainer::Trainer(RunStage stage, World& world, std::shared_ptr<const HeldCheckpoint> held)
+    : cfg_(std::move(stage.cfg)),
+      world_(world),
+      growth_(std::move(stage.growth)),
+      stage_(stage.stage),
+      held_in_(std::move(held)) {
   build();
 }
+
+Trainer::Trainer(const Config& cfg, World& world, std::shared_ptr<const HeldCheckpoint> held)
+    : Trainer(start_stage(cfg, world, held.get()), world, held) {}
 
 Trainer::~Trainer() = default;
 
@@ -607,37 +579,6 @@ void Trainer::run() {
     save_checkpoint();
   schedule_->drain();  // the weights and the state are final for whoever reads them next
   if (on_started_) std::exchange(on_started_, nullptr)();  // a run that saved no checkpoint
-}
-
-RunOutcome train_run(Config cfg, World& world, const std::function<void(Trainer&, bool first)>& started) {
-  auto params_of = [](const Plan& p) { return double(ModelLayout::build(ModelDims::from(p.cfg)).num_params()); };
-  std::shared_ptr<const HeldCheckpoint> next;  // the grown state, when held in memory
-  Plan was;
-  int64_t at = 0;
-  std::chrono::steady_clock::time_point since;  // the last stage's end
-  for (bool first = true;; first = false) {
-    auto t = std::make_unique<Trainer>(cfg, world, std::move(next));
-    if (!first) {
-      const Plan& now = t->plan();
-      spdlog::info("growth: step {}: {} → {} experts per MoE layer; parameters {:.4g}M → {:.4g}M, optimizer "
-                   "state on the host {:.4g}M → {:.4g}M parameters, predicted step {:.4g} → {:.4g} ms; the "
-                   "boundary took {:.1f} s",
-                   at, was.cfg.moe.num_experts, now.cfg.moe.num_experts, params_of(was) / 1e6, params_of(now) / 1e6,
-                   was.host_params / 1e6, now.host_params / 1e6, 1e3 * was.time.step, 1e3 * now.time.step,
-                   seconds_since(since));
-    }
-    started(*t, first);
-    t->run();
-    if (!t->grew()) return {t->step(), t->stop_signal()};
-    std::shared_ptr<HeldCheckpoint> held = t->take_held();
-    const GrowthOptions o = growth_options(cfg, t->growth(), t->growth_stage() + 1);
-    was = t->plan(), at = t->step(), since = t->grew_at();
-    t.reset();  // the old stage's memory goes before the grown state and the next stage's
-    if (held)
-      next = std::make_shared<const HeldCheckpoint>(grow_held(std::move(*held), o));
-    else
-      cfg.checkpoint.resume = (std::filesystem::path(cfg.checkpoint.dir) / checkpoint_dir_name(at)).string();
-  }
 }
 
 }  // namespace mop

@@ -26,7 +26,7 @@
 #include "schedule/step.h"
 #include "schedule/streams.h"
 #include "train/checkpointing.h"
-#include "train/growth.h"
+#include "train/growth_run.h"  // the stage a Trainer builds; train_run, a Trainer per stage
 #include "train/metrics.h"
 #include "train/signals.h"  // what stops run(); `mop train` and the tests hold them too
 
@@ -45,10 +45,12 @@ Config planned_config(const Config& cfg, const Machine& machine, int world);
 
 class Trainer {
  public:
+  // Builds `stage` (start_stage's). `held`: the state a growth boundary passed on in memory
+  // (train_run), instead of a checkpoint.
+  Trainer(RunStage stage, World& world, std::shared_ptr<const HeldCheckpoint> held = nullptr);
   // With moe.growth, `cfg` is the run's (the last stage's experts): the Trainer builds the stage
   // the checkpoint it starts from belongs to (stage 0 for a fresh start).
-  // `held`: the state a growth boundary passed on in memory (train_run), instead of a checkpoint.
-  Trainer(Config cfg, World& world, std::shared_ptr<const HeldCheckpoint> held = nullptr);
+  Trainer(const Config& cfg, World& world, std::shared_ptr<const HeldCheckpoint> held = nullptr);
   ~Trainer();
   // Trains to train.steps (or until SIGTERM/SIGINT/SIGUSR1, after which it checkpoints and
   // returns), or to the end of its moe.growth stage: then grew(), and the next stage (train_run)
@@ -133,14 +135,5 @@ class Trainer {
   size_t device_used_at_start_ = 0;
   std::function<void()> on_started_;
 };
-
-// A whole `mop train` run of `cfg`: one Trainer per moe.growth stage (one without growth), each
-// resuming from the grown checkpoint the one before wrote. `started` sees each Trainer before it
-// runs (first: the run's first). Returns the last Trainer's step and stop signal.
-struct RunOutcome {
-  int64_t step = 0;
-  int stop_signal = 0;
-};
-RunOutcome train_run(Config cfg, World& world, const std::function<void(Trainer&, bool first)>& started);
 
 }  // namespace mop
