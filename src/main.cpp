@@ -16,7 +16,7 @@
 #include "train/commands.h"
 #include "train/hf_interop.h"
 #include "train/score.h"
-#include "train/trainer.h"
+#include "train/signals.h"
 
 namespace {
 

@@ -1,5 +1,6 @@
-// Ulysses exchange (see sequence_parallel.h). Row units: a local tensor [T_l, heads·D] is viewed
-// as [T_l·cp, W] with W = heads/cp·D, so row t·cp + j is token t's j-th head slice.
+// Ulysses exchange and the cp slicing of a batch (see sequence_parallel.h). Row units of the
+// exchange: a local tensor [T_l, heads·D] is viewed as [T_l·cp, W] with W = heads/cp·D, so row
+// t·cp + j is token t's j-th head slice.
 #include "parallel/sequence_parallel.h"
 
 namespace mop {
@@ -11,6 +12,31 @@ std::vector<int> zigzag_positions(int seq, int cp_size, int cp_rank) {
   for (int i = 0; i < c; ++i) pos.push_back(cp_rank * c + i);
   for (int i = 0; i < c; ++i) pos.push_back((2 * cp_size - 1 - cp_rank) * c + i);
   return pos;
+}
+
+SequenceSlicer::SequenceSlicer(int batch, int seq, int cp_size, int cp_rank)
+    : batch_(batch), seq_(seq), local_seq_(seq / cp_size) {
+  if (cp_size == 1) return;
+  positions_ = zigzag_positions(seq, cp_size, cp_rank);
+  const size_t full = size_t(batch) * size_t(seq);
+  full_ids_.assign(full, 0), full_targets_.assign(full, 0), full_positions_.assign(full, 0);
+}
+
+int64_t SequenceSlicer::fill(const ReadWhole& read, int32_t* ids, int32_t* targets,
+                             int32_t* positions) {
+  if (positions_.empty()) return read(ids, targets, positions);
+  read(full_ids_.data(), full_targets_.data(), full_positions_.data());
+  const int64_t S = seq_, sl = local_seq_;
+  int64_t valid = 0;
+  for (int64_t q = 0; q < batch_; ++q)
+    for (int64_t l = 0; l < sl; ++l) {
+      const int64_t from = q * S + positions_[size_t(l)], to = q * sl + l;
+      ids[to] = full_ids_[size_t(from)];
+      targets[to] = full_targets_[size_t(from)];
+      positions[to] = full_positions_[size_t(from)];
+      valid += targets[to] >= 0;
+    }
+  return valid;
 }
 
 size_t UlyssesExchange::buffer_bytes(int batch, int seq, int64_t max_width, DType dtype) {

@@ -7,8 +7,12 @@
 //             order, [batch·S, heads/cp·D]
 //   to_local: the exact inverse (also the backward of to_full, and vice versa)
 // Both directions are a row gather, an all-to-all of equal counts and a row gather.
+// SequenceSlicer cuts the whole sequences a loader reads to a rank's tokens in this layout, the one
+// ring attention (ring_attention.h) expects as well.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,6 +24,25 @@ namespace mop {
 
 // Positions (within a sequence of S) of the S/cp tokens rank cp_rank holds, in its local order.
 std::vector<int> zigzag_positions(int seq, int cp_size, int cp_rank);
+
+// The tokens rank cp_rank of a cp group keeps of micro-batches read as `batch` whole sequences of
+// `seq` tokens: zigzag_positions of every sequence, in that order. With cp 1 a read lands in the
+// output untouched.
+class SequenceSlicer {
+ public:
+  SequenceSlicer(int batch, int seq, int cp_size, int cp_rank);
+  // read(ids, targets, positions) writes the whole sequences ([batch, seq] each; targets −1 where
+  // masked) and returns its unmasked targets. fill keeps this rank's tokens in ids, targets and
+  // positions ([batch, seq/cp] each) and returns the unmasked targets among them.
+  using ReadWhole = std::function<int64_t(int32_t* ids, int32_t* targets, int32_t* positions)>;
+  int64_t fill(const ReadWhole& read, int32_t* ids, int32_t* targets, int32_t* positions);
+  int local_seq() const { return local_seq_; }
+
+ private:
+  int batch_, seq_, local_seq_;
+  std::vector<int> positions_;  // cp > 1: which positions of a sequence this rank keeps
+  std::vector<int32_t> full_ids_, full_targets_, full_positions_;  // cp > 1: a read, whole
+};
 
 class UlyssesExchange {
  public:

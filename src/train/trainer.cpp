@@ -5,14 +5,11 @@
 // gradient as one big batch.
 #include "train/trainer.h"
 
-#include <filesystem>
-
 #include <spdlog/spdlog.h>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <csignal>
+#include <filesystem>
 #include <optional>
 #include <utility>
 
@@ -30,11 +27,6 @@
 namespace mop {
 
 namespace {
-
-std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
-int g_stop_signals_depth = 0;  // StopSignals alive (constructed and destroyed on the main thread)
-constexpr int kStopSignals[3] = {SIGTERM, SIGINT, SIGUSR1};
 
 // "attention 77 ms (16%) | ...": the plan's time split in the log's form.
 std::string predicted_split(const std::array<double, kNumOpCategories>& seconds) {
@@ -99,44 +91,17 @@ Config planned_config(const Config& cfg, const Machine& machine, int world) {
   return r.feasible.front().plan.cfg;
 }
 
-Trainer::Trainer(Config cfg, World& world, std::shared_ptr<const HeldCheckpoint> held)
-    : world_(world), held_in_(std::move(held)) {
-  growth_ = growth_schedule(cfg);
-  if (!growth_.empty()) {
-    // The stage of the checkpoint (or held state) this run starts from; a boundary step's is the
-    // next stage's.
-    const std::optional<std::string> from = held_in_ ? std::nullopt : resolve_resume_dir(cfg);
-    const int64_t step = held_in_ ? held_in_->state.step : from ? read_manifest(*from).step : 0;
-    stage_ = growth_.stage_at(step);
-    const int64_t want = growth_.experts[size_t(stage_)];
-    MOP_CHECK(!held_in_ || held_in_->config.moe.num_experts == want, "the held state has ",
-              held_in_->config.moe.num_experts, " experts, stage ", stage_ + 1, " ", want);
-    if (from) {
-      const int64_t has = checkpoint_config(*from).moe.num_experts;
-      // Saved at a boundary but not yet grown (the job ended in between): grow it now.
-      if (has != want && stage_ > 0 && growth_.is_boundary(step) && has == growth_.experts[size_t(stage_ - 1)]) {
-        if (world_.is_root()) {
-          spdlog::warn("growth: {} was saved at the end of stage {} but not grown; growing it", *from, stage_);
-          grow_checkpoint(*from, growth_options(cfg, growth_, stage_));
-        }
-        world_.comm->barrier();
-      } else {
-        MOP_USER_CHECK(has == want, "checkpoint ", *from, " at step ", step, " has ", has, " experts per MoE "
-                       "layer; moe.growth has ", want, " at that step (stage ", stage_ + 1, " of ",
-                       growth_.stages(), "): resume with the schedule that wrote it");
-      }
-    }
-    const int64_t first = stage_ ? growth_.end_step[size_t(stage_ - 1)] + 1 : 1;
-    spdlog::info("growth: stage {} of {}: {} experts per MoE layer for steps {}–{}{}", stage_ + 1,
-                 growth_.stages(), want, first, growth_.end_step[size_t(stage_)],
-                 stage_ + 1 < growth_.stages()
-                     ? fmt::format(", then {}", growth_.experts[size_t(stage_ + 1)])
-                     : std::string());
-    cfg = stage_config(cfg, growth_, stage_);
-  }
-  cfg_ = std::move(cfg);
+Trainer::Trainer(RunStage stage, World& world, std::shared_ptr<const HeldCheckpoint> held)
+    : cfg_(std::move(stage.cfg)),
+      world_(world),
+      growth_(std::move(stage.growth)),
+      stage_(stage.stage),
+      held_in_(std::move(held)) {
   build();
 }
+
+Trainer::Trainer(const Config& cfg, World& world, std::shared_ptr<const HeldCheckpoint> held)
+    : Trainer(start_stage(cfg, world, held.get()), world, held) {}
 
 Trainer::~Trainer() = default;
 
@@ -170,7 +135,8 @@ void Trainer::build() {
                             {&groups_->cp_ring, "ring attention"}})
       if (*c) *c = time_comm(std::move(*c), *timed_, label);
   dp_rank_ = groups_->dp;
-  if (plan_.cp > 1) local_positions_ = zigzag_positions(int(cfg_.data.seq_len), plan_.cp, groups_->cp);
+  slicer_ = std::make_unique<SequenceSlicer>(int(cfg_.train.micro_batch_size),
+                                             int(cfg_.data.seq_len), plan_.cp, groups_->cp);
 
   // 3. Layout (this rank's experts), parameters.
   layout_ = ModelLayout::build(ModelDims::from(cfg_, groups_->ep, groups_->ep_size));
@@ -208,10 +174,6 @@ void Trainer::build() {
   const size_t tokens_local = size_t(cfg_.train.micro_batch_size) * size_t(plan_.local_seq);
   const size_t tokens = size_t(plan_.micro_batches) * tokens_local;
   ids_.assign(tokens, 0), targets_.assign(tokens, 0), positions_.assign(tokens, 0);
-  if (plan_.cp > 1) {  // whole sequences as read, before this rank keeps its chunks
-    size_t full = size_t(cfg_.train.micro_batch_size) * size_t(cfg_.data.seq_len);
-    full_ids_.assign(full, 0), full_targets_.assign(full, 0), full_positions_.assign(full, 0);
-  }
   if (plan_.run.device != Device::CPU)  // one micro-batch's ids/targets/positions on the GPU
     batch_dev_ = Buffer(MemKind::Device, 3 * tokens_local * sizeof(int32_t));
 
@@ -403,23 +365,11 @@ void Trainer::resume_or_init() {
 int64_t Trainer::fill_local(int64_t first, bool valid_split, int32_t* ids, int32_t* targets,
                             int32_t* positions) {
   const int b = int(cfg_.train.micro_batch_size);
-  auto fill = [&](int32_t* i, int32_t* t, int32_t* p) {
-    return valid_split ? loader_->fill_valid(first, b, i, t, p) : loader_->fill(first, b, i, t, p);
-  };
-  if (local_positions_.empty()) return fill(ids, targets, positions);
-  // Sequence parallelism: read whole sequences, keep this rank's chunks.
-  fill(full_ids_.data(), full_targets_.data(), full_positions_.data());
-  const int64_t S = cfg_.data.seq_len, sl = plan_.local_seq;
-  int64_t valid = 0;
-  for (int64_t q = 0; q < b; ++q)
-    for (int64_t l = 0; l < sl; ++l) {
-      int64_t from = q * S + local_positions_[size_t(l)], to = q * sl + l;
-      ids[to] = full_ids_[size_t(from)];
-      targets[to] = full_targets_[size_t(from)];
-      positions[to] = full_positions_[size_t(from)];
-      valid += targets[to] >= 0;
-    }
-  return valid;
+  return slicer_->fill(
+      [&](int32_t* i, int32_t* t, int32_t* p) {
+        return valid_split ? loader_->fill_valid(first, b, i, t, p) : loader_->fill(first, b, i, t, p);
+      },
+      ids, targets, positions);
 }
 
 void Trainer::fill_step_batches() {
@@ -559,19 +509,8 @@ void Trainer::save_checkpoint() {
   }
 }
 
-StopSignals::StopSignals() {
-  if (g_stop_signals_depth++ > 0) return;
-  g_stop_signal.store(0);
-  for (int i = 0; i < 3; ++i) prev_[i] = std::signal(kStopSignals[i], on_stop_signal);
-}
-
-StopSignals::~StopSignals() {
-  if (--g_stop_signals_depth > 0) return;
-  for (int i = 0; i < 3; ++i) std::signal(kStopSignals[i], prev_[i]);
-}
-
 bool Trainer::stop_requested() {
-  double sig = double(g_stop_signal.load());
+  const double sig = double(pending_stop_signal());
   stop_signal_ = int(groups_->world_host->all_reduce_host(sig, Comm::Op::Max));
   return stop_signal_ != 0;
 }
@@ -641,37 +580,6 @@ void Trainer::run() {
     save_checkpoint();
   schedule_->drain();  // the weights and the state are final for whoever reads them next
   if (on_started_) std::exchange(on_started_, nullptr)();  // a run that saved no checkpoint
-}
-
-RunOutcome train_run(Config cfg, World& world, const std::function<void(Trainer&, bool first)>& started) {
-  auto params_of = [](const Plan& p) { return double(ModelLayout::build(ModelDims::from(p.cfg)).num_params()); };
-  std::shared_ptr<const HeldCheckpoint> next;  // the grown state, when held in memory
-  Plan was;
-  int64_t at = 0;
-  std::chrono::steady_clock::time_point since;  // the last stage's end
-  for (bool first = true;; first = false) {
-    auto t = std::make_unique<Trainer>(cfg, world, std::move(next));
-    if (!first) {
-      const Plan& now = t->plan();
-      spdlog::info("growth: step {}: {} → {} experts per MoE layer; parameters {:.4g}M → {:.4g}M, optimizer "
-                   "state on the host {:.4g}M → {:.4g}M parameters, predicted step {:.4g} → {:.4g} ms; the "
-                   "boundary took {:.1f} s",
-                   at, was.cfg.moe.num_experts, now.cfg.moe.num_experts, params_of(was) / 1e6, params_of(now) / 1e6,
-                   was.host_params / 1e6, now.host_params / 1e6, 1e3 * was.time.step, 1e3 * now.time.step,
-                   seconds_since(since));
-    }
-    started(*t, first);
-    t->run();
-    if (!t->grew()) return {t->step(), t->stop_signal()};
-    std::shared_ptr<HeldCheckpoint> held = t->take_held();
-    const GrowthOptions o = growth_options(cfg, t->growth(), t->growth_stage() + 1);
-    was = t->plan(), at = t->step(), since = t->grew_at();
-    t.reset();  // the old stage's memory goes before the grown state and the next stage's
-    if (held)
-      next = std::make_shared<const HeldCheckpoint>(grow_held(std::move(*held), o));
-    else
-      cfg.checkpoint.resume = (std::filesystem::path(cfg.checkpoint.dir) / checkpoint_dir_name(at)).string();
-  }
 }
 
 }  // namespace mop

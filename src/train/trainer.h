@@ -20,13 +20,15 @@
 #include "ops/timed_ops.h"
 #include "optim/optimizer.h"
 #include "parallel/groups.h"
+#include "parallel/sequence_parallel.h"
 #include "parallel/world.h"
 #include "plan/plan.h"
 #include "schedule/step.h"
 #include "schedule/streams.h"
 #include "train/checkpointing.h"
-#include "train/growth.h"
+#include "train/growth_run.h"  // the stage a Trainer builds; train_run, a Trainer per stage
 #include "train/metrics.h"
+#include "train/signals.h"  // what stops run(); `mop train` and the tests hold them too
 
 namespace mop {
 
@@ -41,30 +43,14 @@ Machine run_machine(const Config& cfg, World& world);
 // `mop plan --search` for this machine (the keys cfg pins kept).
 Config planned_config(const Config& cfg, const Machine& machine, int world);
 
-// While one is alive, SIGTERM, SIGINT and SIGUSR1 (Slurm's usual preemption notice) request a
-// stop instead of ending the process: Trainer::run stops at the next step boundary with a
-// checkpoint, or before its first step when the signal came during start-up (loading a large
-// checkpoint can take minutes; the run then exits 0 and a requeue resumes). `mop train` holds one
-// from before MPI starts (main.cpp), Trainer::run one more; the outermost restores the previous
-// handlers.
-class StopSignals {
- public:
-  StopSignals();
-  ~StopSignals();
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  using Handler = void (*)(int);
-  Handler prev_[3] = {};
-};
-
 class Trainer {
  public:
+  // Builds `stage` (start_stage's). `held`: the state a growth boundary passed on in memory
+  // (train_run), instead of a checkpoint.
+  Trainer(RunStage stage, World& world, std::shared_ptr<const HeldCheckpoint> held = nullptr);
   // With moe.growth, `cfg` is the run's (the last stage's experts): the Trainer builds the stage
   // the checkpoint it starts from belongs to (stage 0 for a fresh start).
-  // `held`: the state a growth boundary passed on in memory (train_run), instead of a checkpoint.
-  Trainer(Config cfg, World& world, std::shared_ptr<const HeldCheckpoint> held = nullptr);
+  Trainer(const Config& cfg, World& world, std::shared_ptr<const HeldCheckpoint> held = nullptr);
   ~Trainer();
   // Trains to train.steps (or until SIGTERM/SIGINT/SIGUSR1, after which it checkpoints and
   // returns), or to the end of its moe.growth stage: then grew(), and the next stage (train_run)
@@ -142,22 +128,12 @@ class Trainer {
   int64_t consumed_samples_ = 0;  // global training samples consumed
   int dp_rank_ = 0;
   std::vector<int32_t> ids_, targets_, positions_;  // this rank's micro-batches of the step
-  std::vector<int> local_positions_;     // cp > 1: which positions of a sequence this rank holds
-  std::vector<int32_t> full_ids_, full_targets_, full_positions_;  // cp > 1: staging
+  std::unique_ptr<SequenceSlicer> slicer_;          // this cp rank's tokens of the sequences read
   int64_t step_valid_tokens_ = 0;                   // unmasked targets of the step, all ranks
   int64_t last_saved_step_ = -1;
   Buffer batch_dev_;  // one micro-batch's ids, targets, positions on the GPU
   size_t device_used_at_start_ = 0;
   std::function<void()> on_started_;
 };
-
-// A whole `mop train` run of `cfg`: one Trainer per moe.growth stage (one without growth), each
-// resuming from the grown checkpoint the one before wrote. `started` sees each Trainer before it
-// runs (first: the run's first). Returns the last Trainer's step and stop signal.
-struct RunOutcome {
-  int64_t step = 0;
-  int stop_signal = 0;
-};
-RunOutcome train_run(Config cfg, World& world, const std::function<void(Trainer&, bool first)>& started);
 
 }  // namespace mop
