@@ -15,7 +15,7 @@ namespace {
 // the backend's stream).
 std::unique_ptr<Comm> data_comm(MPI_Comm comm, Ops& ops) {
   if (ops.device() == Device::CPU) return make_mpi_comm(comm);
-  return make_nccl_comm(comm, ops.stream());
+  return make_nccl_comm(make_mpi_comm(comm), ops.stream());
 }
 
 MPI_Comm split(int color, int key) {
@@ -63,7 +63,7 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& 
   if (ops.device() != Device::CPU) {
     // An asynchronous comm on its own stream that follows the compute stream.
     auto side_comm = [&](MPI_Comm comm, Stream stream) {
-      return watched(make_nccl_comm(comm, stream, ops.stream()));
+      return watched(make_nccl_comm(make_mpi_comm(comm), stream, ops.stream()));
     };
     if (!streams.grad_sums.is_null()) {
       g->world_grad = side_comm(MPI_COMM_WORLD, streams.grad_sums);

@@ -402,7 +402,7 @@ void host(Device dev, HostSpec& h, LinkSpec& l, bool root) {
 // network's.
 void collectives(Ops& ops, Bench& b, World& world, LinkSpec& l, bool gpu, bool root) {
   if (world.size < 2) return;
-  std::unique_ptr<Comm> comm = gpu ? make_nccl_comm(MPI_COMM_WORLD, ops.stream()) : make_mpi_comm(MPI_COMM_WORLD);
+  std::unique_ptr<Comm> comm = gpu ? make_nccl_comm(make_mpi_comm(MPI_COMM_WORLD), ops.stream()) : make_mpi_comm(MPI_COMM_WORLD);
   const bool net = world.local_size < world.size;
   const int n = world.size;
   const int64_t elems = gpu ? (int64_t(1) << 26) : (int64_t(1) << 20);
