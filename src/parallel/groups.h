@@ -2,8 +2,9 @@
 //   attention: rank = dp · cp_size + cp   (cp ranks hold shards of the same sequences)
 //   MoE:       rank = edp · ep_size + ep  (ep ranks hold shards of the experts)
 // Dense gradients are reduced over all ranks, expert gradients over the edp group (the ranks
-// holding the same experts). Host comms (MPI) carry small host-side exchanges (counts, norms);
-// data comms carry tensors on the backend's device (MPI on CPU ranks, NCCL on GPUs).
+// holding the same experts). Host comms carry small host-side exchanges (counts, norms); data
+// comms carry tensors on the backend's device (MPI on CPU ranks, NCCL on GPUs). The foldings are
+// a Mesh's, the comms come from a CommFactory.
 #pragma once
 
 #include <memory>
@@ -11,6 +12,8 @@
 
 #include "config/config.h"
 #include "parallel/comm.h"
+#include "parallel/comm_factory.h"
+#include "parallel/mesh.h"
 #include "parallel/watchdog.h"
 #include "parallel/world.h"
 #include "runtime/runtime.h"
@@ -53,6 +56,11 @@ struct ParallelGroups {
   // world without MPI) gets self comms. GPU ranks get the asynchronous comms whose streams are
   // given, each following the compute stream (ops.stream()).
   static std::unique_ptr<ParallelGroups> build(const Config& cfg, World& world, Ops& ops,
+                                               const CommStreams& streams = {});
+  // The groups of `mesh` for the factory's rank, every comm from `comms`, watched with
+  // `collective_timeout` (seconds; ≤ 0: no watchdog thread). Also for a world of one.
+  static std::unique_ptr<ParallelGroups> build(const Mesh& mesh, CommFactory& comms,
+                                               double collective_timeout, Ops& ops,
                                                const CommStreams& streams = {});
   // A single-rank layout with self comms (tests, generation).
   static std::unique_ptr<ParallelGroups> single();

@@ -1,11 +1,14 @@
-// MPI collectives on host tensors. Large messages are split so every count fits MPI's int.
+// MPI collectives on host tensors (large messages are split so every count fits MPI's int), and
+// the factory that splits the world into a mesh's groups.
 #include "parallel/mpi_comm.h"
 
 #include <algorithm>
 #include <climits>
+#include <map>
 #include <string>
 
 #include "parallel/mpi_check.h"
+#include "parallel/watchdog.h"
 
 namespace mop {
 namespace {
@@ -124,8 +127,51 @@ class MpiComm final : public Comm {
   int rank_ = 0, size_ = 1;
 };
 
+class MpiCommFactory final : public CommFactory {
+ public:
+  MpiCommFactory() { MOP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_)); }
+  int rank() const override { return rank_; }
+  std::unique_ptr<Comm> host(const MeshGroup& group) override {
+    return make_mpi_comm(communicator(group));
+  }
+  void share_watchdog(CollectiveWatchdog& dog) override { dog.share_with_peers(); }
+
+ private:
+  // One split per group kind, shared by every comm of that kind, as MPI_Comm_split is collective
+  // over the whole world (so a factory serves one mesh). The first member of each group is its
+  // colour (groups of one kind are disjoint), the member's place in it the key, so MPI orders the
+  // group as the mesh does.
+  MPI_Comm communicator(const MeshGroup& group) {
+    MOP_CHECK(group.index >= 0 && group.index < group.size() && group.world_rank() == rank_,
+              "rank ", rank_, " asked for a ", group_kind_name(group.kind), " group it is not in");
+    if (group.kind == GroupKind::World) {
+      int size = 0;
+      MOP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+      MOP_CHECK(size == group.size(), "a world group of ", group.size(), " ranks, MPI has ", size);
+      return MPI_COMM_WORLD;
+    }
+    auto it = splits_.find(group.kind);
+    if (it == splits_.end()) {
+      MPI_Comm split;
+      MOP_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, group.ranks[0], group.index, &split));
+      it = splits_.emplace(group.kind, Split{group.ranks, split}).first;
+    }
+    MOP_CHECK(it->second.ranks == group.ranks, "rank ", rank_, " asked for another ",
+              group_kind_name(group.kind), " group than the one it split (one mesh per factory)");
+    return it->second.comm;
+  }
+  struct Split {
+    std::vector<int> ranks;
+    MPI_Comm comm;  // lives as long as the process (the comms refer to it)
+  };
+  int rank_ = 0;
+  std::map<GroupKind, Split> splits_;
+};
+
 }  // namespace
 
 std::unique_ptr<Comm> make_mpi_comm(MPI_Comm comm) { return std::make_unique<MpiComm>(comm); }
+
+std::unique_ptr<CommFactory> make_mpi_comm_factory() { return std::make_unique<MpiCommFactory>(); }
 
 }  // namespace mop

@@ -39,6 +39,12 @@ World World::init(int* argc, char*** argv) {
   return w;
 }
 
+std::unique_ptr<CommFactory> make_comm_factory(const World& world) {
+  if (world.mpi) return make_mpi_comm_factory();
+  MOP_CHECK(world.size == 1, "a world of ", world.size, " ranks without MPI");
+  return make_self_comm_factory();
+}
+
 void World::finalize() {
   comm.reset();
   if (mpi) {

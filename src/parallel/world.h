@@ -9,6 +9,8 @@
 
 namespace mop {
 
+class CommFactory;
+
 struct World {
   int rank = 0, size = 1;
   int local_rank = 0, local_size = 1;  // among the ranks on this host
@@ -24,5 +26,9 @@ struct World {
   [[noreturn]] void abort(int code);
   bool is_root() const { return rank == 0; }
 };
+
+// The comms of this job's groups (comm_factory.h): over MPI when MPI is initialised, else the self
+// comms of a world of one.
+std::unique_ptr<CommFactory> make_comm_factory(const World& world);
 
 }  // namespace mop

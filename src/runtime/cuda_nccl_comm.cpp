@@ -1,13 +1,13 @@
 // NCCL collectives on device tensors, enqueued on the backend's stream; the communicator is
-// bootstrapped through MPI (rank 0's id broadcast to the group). Variable all-to-all is one NCCL
-// group of send/recv pairs with byte counts, so rows of any dtype move unchanged.
+// bootstrapped through a host comm of the same group (rank 0's id broadcast to the group).
+// Variable all-to-all is one NCCL group of send/recv pairs with byte counts, so rows of any dtype
+// move unchanged.
 #include "runtime/nccl_comm.h"
 
 #include <exception>
 #include <string>
 
 #include "runtime/cuda_check.h"
-#include "parallel/mpi_check.h"
 #include "runtime/nccl_check.h"
 
 namespace mop {
@@ -34,27 +34,18 @@ ncclDataType_t nccl_sum_type(DType t) {
 
 class NcclComm final : public Comm {
  public:
-  NcclComm(MPI_Comm group, cudaStream_t stream, cudaStream_t follow)
-      : group_(group), stream_(stream), follow_(follow == stream ? nullptr : follow) {
+  NcclComm(Comm& host, cudaStream_t stream, cudaStream_t follow)
+      : host_(host), stream_(stream), follow_(follow == stream ? nullptr : follow),
+        rank_(host.rank()), size_(host.size()) {
     if (follow_) {
       MOP_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
       MOP_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
-    }
-    if (group_ != MPI_COMM_NULL) {
-      int initialized = 0, finalized = 0;
-      MPI_Initialized(&initialized);
-      MPI_Finalized(&finalized);
-      MOP_CHECK(initialized && !finalized,
-                "make_nccl_comm needs MPI initialised (or MPI_COMM_NULL for a group of one)");
-      MOP_MPI_CHECK(MPI_Comm_rank(group_, &rank_));
-      MOP_MPI_CHECK(MPI_Comm_size(group_, &size_));
     }
     ncclUniqueId id{};
     if (rank_ == 0) MOP_NCCL_CHECK(ncclGetUniqueId(&id));
     // If rank 0 failed above it throws, and the job's abort path (World::abort) ends the ranks
     // waiting here; a timeout would only add a second message.
-    if (group_ != MPI_COMM_NULL)
-      MOP_MPI_CHECK(MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, group_));
+    host_.broadcast(Tensor(&id, DType::U8, {int64_t(sizeof id)}), 0);
     MOP_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
   }
 
@@ -183,18 +174,16 @@ class NcclComm final : public Comm {
     ncclResult_t async = ncclSuccess;
     MOP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
     MOP_NCCL_CHECK(async);
-    if (group_ != MPI_COMM_NULL) MOP_MPI_CHECK(MPI_Barrier(group_));
+    host_.barrier();
   }
 
   void join() override {
     if (follow_) MOP_CUDA_CHECK(cudaStreamWaitEvent(follow_, done_, 0));
   }
 
-  void all_reduce_host(double* values, int n, Op op) override {
-    if (group_ == MPI_COMM_NULL) return;
-    MPI_Op mpi_op = op == Op::Sum ? MPI_SUM : op == Op::Max ? MPI_MAX : MPI_MIN;
-    MOP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, n, MPI_DOUBLE, mpi_op, group_));
-  }
+  void all_reduce_host(double* values, int n, Op op) override { host_.all_reduce_host(values, n, op); }
+
+  void keep(std::unique_ptr<Comm> host) { owned_host_ = std::move(host); }
 
  private:
   static void device(const Tensor& t) {
@@ -210,20 +199,32 @@ class NcclComm final : public Comm {
   void end() {
     if (follow_) MOP_CUDA_CHECK(cudaEventRecord(done_, stream_));
   }
-  MPI_Comm group_;
+  Comm& host_;
+  std::unique_ptr<Comm> owned_host_;  // when the comm keeps its host comm (make_nccl_comm's overload)
   cudaStream_t stream_;
   cudaStream_t follow_;                          // null: collectives run on the compute stream
   cudaEvent_t ready_ = nullptr, done_ = nullptr;  // asynchronous comms only
   ncclComm_t comm_ = nullptr;
-  int rank_ = 0, size_ = 1;
+  int rank_, size_;
 };
+
+std::unique_ptr<NcclComm> make_nccl(Comm& host, Stream stream, Stream follow) {
+  MOP_CHECK(stream.device() == Device::CUDA && !stream.is_null(), "NCCL collectives need a GPU stream");
+  return std::make_unique<NcclComm>(host, static_cast<cudaStream_t>(stream.native()),
+                                    static_cast<cudaStream_t>(follow.native()));
+}
 
 }  // namespace
 
-std::unique_ptr<Comm> make_nccl_comm(MPI_Comm group, Stream stream, Stream follow) {
-  MOP_CHECK(stream.device() == Device::CUDA && !stream.is_null(), "NCCL collectives need a GPU stream");
-  return std::make_unique<NcclComm>(group, static_cast<cudaStream_t>(stream.native()),
-                                    static_cast<cudaStream_t>(follow.native()));
+std::unique_ptr<Comm> make_nccl_comm(Comm& host, Stream stream, Stream follow) {
+  return make_nccl(host, stream, follow);
+}
+
+std::unique_ptr<Comm> make_nccl_comm(std::unique_ptr<Comm> host, Stream stream, Stream follow) {
+  MOP_CHECK(host, "make_nccl_comm: no host comm");
+  std::unique_ptr<NcclComm> comm = make_nccl(*host, stream, follow);
+  comm->keep(std::move(host));
+  return comm;
 }
 
 }  // namespace mop

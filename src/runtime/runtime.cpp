@@ -258,9 +258,13 @@ int current_gpu() {
 }
 
 #ifndef MOP_HAVE_CUDA
-std::unique_ptr<Comm> make_nccl_comm(MPI_Comm, Stream, Stream) {
+std::unique_ptr<Comm> make_nccl_comm(Comm&, Stream, Stream) {
   MOP_CHECK(false, "NCCL collectives in a binary built without CUDA (MOP_CUDA=OFF)");
   return nullptr;
+}
+
+std::unique_ptr<Comm> make_nccl_comm(std::unique_ptr<Comm> host, Stream stream, Stream follow) {
+  return make_nccl_comm(*host, stream, follow);
 }
 #endif
 

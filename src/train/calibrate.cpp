@@ -4,7 +4,6 @@
 // run faster on zeros); each op is run once to build its plans, then timed on its stream until
 // enough time has passed. Sizes: the GEMM grid, rows per expert, sequence lengths and the
 // memory-bound ops at q3moe-8l's widths on a GPU, small ones on the CPU backend.
-#include <mpi.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -22,10 +21,9 @@
 #include "core/thread_pool.h"
 #include "ops/ops.h"
 #include "optim/host_adamw_bench.h"
-#include "parallel/mpi_comm.h"
+#include "parallel/comm_factory.h"
 #include "plan/machine.h"
 #include "plan/op_bytes.h"
-#include "runtime/nccl_comm.h"
 #include "runtime/runtime.h"
 #include "train/commands.h"
 
@@ -402,7 +400,8 @@ void host(Device dev, HostSpec& h, LinkSpec& l, bool root) {
 // network's.
 void collectives(Ops& ops, Bench& b, World& world, LinkSpec& l, bool gpu, bool root) {
   if (world.size < 2) return;
-  std::unique_ptr<Comm> comm = gpu ? make_nccl_comm(MPI_COMM_WORLD, ops.stream()) : make_mpi_comm(MPI_COMM_WORLD);
+  std::unique_ptr<Comm> comm =
+      make_comm_factory(world)->data(world_group(world.size, world.rank), ops.device(), ops.stream());
   const bool net = world.local_size < world.size;
   const int n = world.size;
   const int64_t elems = gpu ? (int64_t(1) << 26) : (int64_t(1) << 20);

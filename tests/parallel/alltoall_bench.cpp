@@ -34,8 +34,8 @@ TEST_CASE("all-to-all benchmark: expert dispatch vs NCCL all-to-all", "[.][allto
   MOP_CUDA_CHECK(cudaGetDeviceCount(&gpus));
   MOP_CUDA_CHECK(cudaSetDevice(me % gpus));
   CudaOps ops;
-  auto data = make_nccl_comm(MPI_COMM_WORLD, ops.stream());
   auto host = make_mpi_comm(MPI_COMM_WORLD);
+  auto data = make_nccl_comm(*host, ops.stream());
   const int E = 128, K = 8, H = 2048;
   for (int T : {4096, 16384}) {
     const int64_t rows_out = int64_t(T) * K, max_in = rows_out * R;

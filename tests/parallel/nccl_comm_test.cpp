@@ -13,6 +13,7 @@
 
 #include "catch.h"
 #include "gpu/gpu_test_util.h"
+#include "parallel/mpi_comm.h"
 #include "runtime/nccl_comm.h"
 #include "parallel/watchdog.h"
 
@@ -26,6 +27,7 @@ constexpr int64_t kGuard = 3;
 
 struct Group {
   MPI_Comm comm = MPI_COMM_NULL;
+  std::unique_ptr<Comm> host;  // bootstraps the NCCL comms: MPI over `comm`, or a self comm
   int local_rank = 0, local_size = 1;
 };
 
@@ -37,8 +39,10 @@ Group test_group() {
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   Group g;
+  g.host = make_self_comm();
   if (!initialized || finalized) return g;
   g.comm = MPI_COMM_WORLD;
+  g.host = make_mpi_comm(g.comm);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm local;
@@ -170,7 +174,7 @@ TEST_CASE("nccl comm: collectives on device buffers move exactly what they shoul
   }
   MOP_CUDA_CHECK(cudaSetDevice(g.local_rank));
   CudaStream stream;
-  auto comm = make_nccl_comm(g.comm, Stream::wrap(Device::CUDA, stream.s));
+  auto comm = make_nccl_comm(*g.host, Stream::wrap(Device::CUDA, stream.s));
   const int R = comm->size(), me = comm->rank();
   CHECK(comm->name() == "nccl");
   if (g.comm == MPI_COMM_NULL) CHECK(R == 1);
@@ -294,7 +298,7 @@ TEST_CASE("nccl comm: collectives on device buffers move exactly what they shoul
     // show stale rows. Large rows make such a race visible. Rank s sends one row to rank d from
     // row R−1−d and receives rank s's at row 2·(R−1−s); the rows between stay untouched.
     CudaStream side;
-    auto async = make_nccl_comm(g.comm, Stream::wrap(Device::CUDA, side.s), Stream::wrap(Device::CUDA, stream.s));
+    auto async = make_nccl_comm(*g.host, Stream::wrap(Device::CUDA, side.s), Stream::wrap(Device::CUDA, stream.s));
     const int64_t W = int64_t(1) << 16;
     auto code = [&](int s, int d, int64_t c) { return double((int64_t(s) * 16 + d) * W + c); };
     Guarded in(DType::U32, R, W), out(DType::U32, 2 * R, W);
