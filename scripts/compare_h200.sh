@@ -19,7 +19,7 @@ for r in ${RUNS:-"4096:4 16384:1"}; do
       PARTS=random RUNS=$r STEPS=${STEPS:-12} bash "$here/bench_h200.sh" "$bin" "$out/$side" \
         | tee -a "$out/summary.txt"
       # Keep each run's log (bench_h200.sh names it by data and shape only).
-      for f in "$out/$side"/q3moe_*.log; do mv "$f" "${f%.log}.pair$i.log"; done
+      for f in "$out/$side"/q3moe_*.log; do [[ $f == *.pair*.log ]] || mv "$f" "${f%.log}.pair$i.log"; done
       rm -rf "$out/$side"/ckpt_*
     done
   done
