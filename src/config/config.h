@@ -71,12 +71,19 @@ struct MoeFold {
   // ep > 1: the rank's experts run in this many chunks, each chunk's token exchange overlapping
   // with another chunk's experts on the GPU (at most the rank's expert count).
   int64_t chunks = 2;
+  // Rows a rank receives for its experts per MoE layer and micro-batch, as a multiple of its
+  // balanced share (tokens × top_k); more arrive in rounds. 0: the worst case (ep × tokens ×
+  // top_k), never in rounds.
+  double exchange_budget = 0;
 };
 
 struct ParallelConfig {
   AttentionFold attention;
   MoeFold moe;
   bool zero = true;  // shard the optimizer state over the ranks that replicate a parameter
+  // owner: parameters whole on every replica (ZeRO-1 owners with `zero`); slice: each replica
+  // keeps a slice of every parameter and its state, weights gathered per segment (ZeRO-3).
+  std::string shard = "owner";
   bool overlap_grad_reduce = true;  // GPU: gradient sums on their own stream during backward
   double collective_timeout = 600;  // seconds; a collective not done by then aborts the job
 };
@@ -95,6 +102,10 @@ struct OptimConfig {
   std::string state_placement = "auto";  // auto | gpu | host (GPU runs)
   bool overlap = true;                   // host updates overlap the next step's forward
   int64_t host_threads = 0;              // 0: every core this rank may use
+  // Host-updated segments' fp32 gradients: gpu (whole step on the GPU, to the host once final),
+  // host (streamed: to the host as each segment's are final, summed there over micro-batches;
+  // the GPU keeps only the segments in flight), auto (the plan's choice).
+  std::string gradients = "auto";
 };
 
 struct DataConfig {
