@@ -10,13 +10,23 @@ bool ParallelSpec::zero1() const {
   return std::any_of(params.begin(), params.end(), [](const ParamSharding& s) { return s.kind == Sharding::Owner; });
 }
 
-ParallelSpec make_parallel_spec(const ModelLayout& layout, int cp, int dp, int ep, int edp, bool zero) {
+bool ParallelSpec::sliced() const {
+  return std::any_of(params.begin(), params.end(), [](const ParamSharding& s) { return s.kind == Sharding::Slice; });
+}
+
+ParallelSpec make_parallel_spec(const ModelLayout& layout, int cp, int dp, int ep, int edp, bool zero,
+                                bool slice) {
   ParallelSpec spec;
   spec.cp = cp, spec.dp = dp, spec.ep = ep, spec.edp = edp;
   const int n = int(layout.params.size());
   spec.params.resize(size_t(n));
   for (int p = 0; p < n; ++p)
     spec.params[size_t(p)].group = layout.params[p].kind == ParamKind::Experts ? ReplicaGroup::Edp : ReplicaGroup::World;
+  if (slice) {
+    for (int p = 0; p < n; ++p)
+      if (spec.group_size(p) > 1) spec.params[size_t(p)].kind = Sharding::Slice;
+    return spec;
+  }
   if (!zero || spec.world() == 1) return spec;
   // ZeRO-1 owners: largest parameter first onto the least-loaded replica of its group.
   std::vector<int> order(static_cast<size_t>(n));

@@ -1,8 +1,10 @@
 // The parallel spec: the mesh's dimensions (attention cp × dp, experts ep × edp; pp reserved at 1)
 // and, for every parameter of a rank's layout, the group of ranks that hold copies of it and how
-// they share it: replicated (each keeps the whole optimizer state and updates it) or owner (ZeRO-1:
-// one replica keeps the state, updates, and broadcasts the new weights). The plan makes it; the
-// schedule, the optimizer and the time model read it.
+// they share it: replicated (each keeps the whole optimizer state and updates it), owner (ZeRO-1:
+// one replica keeps the state, updates, and broadcasts the new weights) or slice (ZeRO-3: each
+// replica keeps one slice of the parameter — weights, gradients and state — and the whole weights
+// exist only while a segment is gathered). The plan makes it; the schedule, the optimizer and the
+// time model read it.
 #pragma once
 
 #include <string>
@@ -21,6 +23,8 @@ enum class ReplicaGroup {
 enum class Sharding {
   Replicated,  // every replica keeps the state and updates it
   Owner,       // ZeRO-1: the owner keeps the state and broadcasts the weights
+  Slice,       // ZeRO-3: replica i of n keeps elements [i·k, (i+1)·k) of the flat parameter,
+               // k = slice_numel (the last slice padded with zeros up to k)
 };
 
 struct ParamSharding {
@@ -34,7 +38,15 @@ struct ParallelSpec {
   std::vector<ParamSharding> params;  // per parameter of the layout (ModelLayout order)
 
   int world() const { return cp * dp; }
-  bool zero1() const;  // some parameter has an owner
+  bool zero1() const;   // some parameter has an owner
+  bool sliced() const;  // some parameter is sliced
+  // The number of replicas of parameter p (cp × dp for dense parameters, edp for experts).
+  int group_size(int p) const { return params[size_t(p)].group == ReplicaGroup::World ? world() : edp; }
+  // Slice: elements of each replica's slice of parameter p of `numel` elements.
+  int64_t slice_numel(int p, int64_t numel) const {
+    const int n = group_size(p);
+    return (numel + n - 1) / n;
+  }
   // `rank`'s index in parameter p's replica group (MoE folding: rank = edp · ep + ep_rank).
   int replica_index(int rank, int p) const {
     return params[size_t(p)].group == ReplicaGroup::World ? rank : rank / ep;
@@ -42,13 +54,15 @@ struct ParallelSpec {
   // Whether `rank` keeps parameter p's optimizer state and updates it.
   bool owns(int rank, int p) const {
     const ParamSharding& s = params[size_t(p)];
-    return s.kind == Sharding::Replicated || s.owner == replica_index(rank, p);
+    return s.kind != Sharding::Owner || s.owner == replica_index(rank, p);
   }
 };
 
-// The spec of `layout` (a rank's: its experts) on a cp × dp = ep × edp mesh; zero: ZeRO-1 owners
-// over each parameter's replicas (largest parameter first onto the least-loaded replica, the same
-// on every rank), else every parameter replicated. One rank is always replicated.
-ParallelSpec make_parallel_spec(const ModelLayout& layout, int cp, int dp, int ep, int edp, bool zero);
+// The spec of `layout` (a rank's: its experts) on a cp × dp = ep × edp mesh; slice: every
+// parameter with more than one replica sliced over them; else zero: ZeRO-1 owners over each
+// parameter's replicas (largest parameter first onto the least-loaded replica, the same on every
+// rank), else every parameter replicated. One rank is always replicated.
+ParallelSpec make_parallel_spec(const ModelLayout& layout, int cp, int dp, int ep, int edp, bool zero,
+                                bool slice = false);
 
 }  // namespace mop

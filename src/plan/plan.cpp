@@ -334,7 +334,7 @@ Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_
   ao.moe_chunks = p.moe_chunks;
   ao.compute = p.run.compute;
   ao.moe_chunk = moe_chunk(cfg, int64_t(ao.max_batch) * ao.max_seq);
-  p.parallel = make_parallel_spec(local, p.cp, p.dp, p.ep, p.edp, par.zero);
+  p.parallel = make_parallel_spec(local, p.cp, p.dp, p.ep, p.edp, par.zero, par.shard == "slice");
   place_saved(p, local_dims);
   p.activations = plan_activations(local_dims, ao);
   {
