@@ -19,19 +19,40 @@ inline int num_segments(const ModelDims& d) { return int(d.layers) + 2; }
 // The segment whose forward first reads parameter p (a tied LM head: the embedding's).
 int param_segment(const ModelLayout& layout, int p);
 
+// Sliced parameters (ZeRO-3): parameter p is cut into n[p] slices of slice_numel(p) =
+// ceil(numel / n[p]) elements (the last padded with zeros) and this rank keeps slice index[p].
+// The whole weights of a segment exist only while it is bound to one of two gather slots (the
+// schedule gathers every replica's slice into it); the whole gradients likewise with pool_grads
+// (one micro-batch per step: a segment's are final after its backward), else for the whole step.
+// A tied embedding is read by the first and the last segment: it has a slot of its own.
+struct ParamSlices {
+  std::vector<int> n, index;  // per parameter
+  bool pool_grads = true;
+  bool allocate = true;  // false: sizes only (the plan's memory)
+};
+
 class ParamStore {
  public:
   // allocate = false gives a store of shapes only (for planning memory without using it).
   ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad_dtype, MemKind mem,
              bool allocate = true);
+  // Sliced (see ParamSlices).
+  ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad_dtype, MemKind mem,
+             ParamSlices slices);
 
   const ModelLayout& layout() const { return layout_; }
   int num_params() const { return int(layout_.params.size()); }
   int64_t offset(int p) const { return offsets_[p]; }
   int64_t total_elements() const { return total_; }  // including alignment padding
 
-  Tensor weight(int p) const { return shaped(weights_, weight_dtype_, p); }
-  Tensor grad(int p) const { return shaped(grads_, grad_dtype_, p); }
+  Tensor weight(int p) const {
+    return sliced() ? in_slot(weight_slots_, weight_slot_, weight_dtype_, p, false, "weights")
+                    : shaped(weights_, weight_dtype_, p);
+  }
+  Tensor grad(int p) const {
+    return sliced() ? in_slot(grad_slots_, grad_slot_, grad_dtype_, p, false, "gradients")
+                    : shaped(grads_, grad_dtype_, p);
+  }
   Tensor weights_flat() const;
   Tensor grads_flat() const;
   DType weight_dtype() const { return weight_dtype_; }
@@ -41,12 +62,54 @@ class ParamStore {
   Tensor shaped(const Buffer& flat, DType dtype, int p) const;
   Tensor shaped_view(void* flat_base, DType dtype, Device device, int p) const;
 
+  // Sliced stores. weight(p) and grad(p) need p's gather group bound (else an internal error).
+  bool sliced() const { return !slices_.n.empty(); }
+  int slice_count(int p) const { return slices_.n[size_t(p)]; }
+  int slice_index(int p) const { return slices_.index[size_t(p)]; }
+  int64_t slice_numel(int p) const { return slice_numel_[size_t(p)]; }
+  Tensor slice_weight(int p) const;  // [slice_numel]: this rank's weights (compute dtype)
+  Tensor slice_grad(int p) const;    // [slice_numel]: its summed gradients (grad dtype)
+  // p's whole weights / gradients as [n · slice_numel] (padding included): what a gather fills
+  // and a reduce-scatter reads.
+  Tensor gathered_weight(int p) const;
+  Tensor padded_grad(int p) const;
+  // Gather groups: segment s's parameters, or (tied embedding) the group num_segments() of its
+  // own. bind_* gives the group a slot (two shared by the segments; a group bound twice is
+  // bound once); release_* frees it.
+  int gather_group(int p) const { return group_of_[size_t(p)]; }
+  int num_gather_groups() const { return int(group_params_.size()); }
+  const std::vector<int>& group_params(int g) const { return group_params_[size_t(g)]; }
+  bool weights_bound(int g) const { return weight_slot_[size_t(g)] >= 0; }
+  bool grads_bound(int g) const { return !slices_.pool_grads || grad_slot_[size_t(g)] >= 0; }
+  bool pools_grads() const { return slices_.pool_grads; }
+  void bind_weights(int g);
+  void release_weights(int g);
+  void bind_grads(int g);  // pool_grads only; the caller zeroes them
+  void release_grads(int g);
+  // Device bytes of the weights and the gradients (sliced: slices and slots together).
+  size_t weight_bytes() const;
+  size_t grad_bytes() const;
+
  private:
+  Tensor in_slot(const std::vector<Buffer>& slots, const std::vector<int>& bound, DType dtype, int p,
+                 bool padded, const char* what) const;
+  int bind(std::vector<int>& bound, std::vector<int>& owner, int g);
+
   const ModelLayout& layout_;
   DType weight_dtype_, grad_dtype_;
   std::vector<int64_t> offsets_;
   int64_t total_ = 0;
   Buffer weights_, grads_;
+  // Sliced: per parameter its slice's length and offset in the slice buffers, its gather group
+  // and offset in the group's slot; per group its slot (-1: released); per slot its group.
+  ParamSlices slices_;
+  std::vector<int64_t> slice_numel_, slice_off_, slot_off_;
+  std::vector<int> group_of_;
+  std::vector<std::vector<int>> group_params_;
+  std::vector<int> weight_slot_, grad_slot_, weight_owner_, grad_owner_;
+  Buffer slice_weights_, slice_grads_;
+  size_t weight_bytes_ = 0, grad_bytes_ = 0;
+  std::vector<Buffer> weight_slots_, grad_slots_;  // [0, 1] shared, [2] the tied embedding's
 };
 
 // Initial fp32 values of parameter p into dst (its numel() floats): weight matrices

@@ -19,8 +19,7 @@ Optimizer::Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops,
   for (int p = 0; p < n; ++p) {
     int where = on_host(p) ? 1 : 0;
     offset_.push_back(total[where]);
-    if (owns(p))
-      total[where] += (params.layout().params[p].numel() + kParamAlign - 1) / kParamAlign * kParamAlign;
+    if (owns(p)) total[where] += aligned_numel(state_numel(p));
   }
   const bool gpu = ops.device() == Device::CUDA;
   for (int i = 0; i < 3; ++i) {
@@ -32,7 +31,7 @@ Optimizer::Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops,
   for (int s = 0; s < num_segments(params.layout().dims); ++s)  // forward order
     for (int p = 0; p < n; ++p)
       if (on_host(p) && owns(p) && param_segment(params.layout(), p) == s)
-        host_params_.push_back({p, s, master(p), exp_avg(p), exp_avg_sq(p), params.grad(p), params.weight(p)});
+        host_params_.push_back({p, s, master(p), exp_avg(p), exp_avg_sq(p), update_grad(p), update_weights(p)});
 }
 
 Optimizer::~Optimizer() = default;
@@ -43,10 +42,23 @@ int Optimizer::num_host_params() const {
   return k;
 }
 
+int64_t Optimizer::state_numel(int p) const {
+  return params_.sliced() ? params_.slice_numel(p) : params_.layout().params[p].numel();
+}
+
+Tensor Optimizer::update_grad(int p) const { return params_.sliced() ? params_.slice_grad(p) : params_.grad(p); }
+
+Tensor Optimizer::update_weights(int p) const {
+  return params_.sliced() ? params_.slice_weight(p) : params_.weight(p);
+}
+
 Tensor Optimizer::state(int which, int p) const {
   MOP_CHECK(owns(p), "parameter ", params_.layout().params[p].name, " is updated by another rank");
   const Buffer& b = on_host(p) ? host_[which] : native_[which];
   Tensor t(static_cast<float*>(b.data()) + offset_[p], DType::F32, {}, b.device());
+  // A slice of several replicas is flat; a single one is the whole parameter, shaped.
+  if (params_.sliced() && params_.slice_count(p) > 1)
+    return Tensor(t.data, DType::F32, {params_.slice_numel(p)}, b.device());
   const auto& shape = params_.layout().params[p].shape;
   t.ndim = int(shape.size());
   for (int i = 0; i < t.ndim; ++i) t.shape[i] = shape[i];
@@ -57,6 +69,15 @@ void Optimizer::init_weights(uint64_t seed) {
   const ModelLayout& layout = params_.layout();
   std::vector<float> host;
   for (int p = 0; p < params_.num_params(); ++p) {
+    if (params_.sliced()) {  // this rank's slice of the initial values (zeros past the end)
+      const int64_t k = params_.slice_numel(p);
+      host.assign(size_t(k * params_.slice_count(p)), 0.0f);
+      init_param(layout, p, host.data(), seed);
+      Tensor src(host.data() + k * params_.slice_index(p), DType::F32, {k});
+      ops_.copy(master(p), src);
+      ops_.copy(params_.slice_weight(p), master(p));
+      continue;
+    }
     host.resize(size_t(layout.params[p].numel()));
     init_param(layout, p, host.data(), seed);
     Tensor src = params_.weight(p);
@@ -72,7 +93,7 @@ void Optimizer::init_weights(uint64_t seed) {
 
 void Optimizer::sync_weights() {
   for (int p = 0; p < params_.num_params(); ++p)
-    if (owns(p)) ops_.copy(params_.weight(p), master(p));
+    if (owns(p)) ops_.copy(update_weights(p), master(p));
 }
 
 void Optimizer::set_distributed(std::vector<bool> sharded, Comm* shard_comm, Comm* world) {
@@ -89,7 +110,7 @@ StepReport Optimizer::step(float lr, bool defer_native) {
   auto norm_slot = [&](int p) {
     return Tensor(static_cast<char*>(norms_.data()) + size_t(p) * dtype_size(acc), acc, {1}, dev);
   };
-  for (int p = 0; p < n; ++p) ops_.sumsq(norm_slot(p), params_.grad(p));
+  for (int p = 0; p < n; ++p) ops_.sumsq(norm_slot(p), update_grad(p));
   std::vector<double> sq(n);
   ops_.copy(Tensor(sq.data(), DType::F64, {n}), Tensor(norms_.data(), acc, {n}, dev));
   double local = 0, shard = 0;
@@ -134,8 +155,8 @@ AdamWArgs Optimizer::with_decay(int p) const {
 
 void Optimizer::update_native(int p, Ops& ops) const {
   MOP_CHECK(updates_natively(p), "update_native: parameter ", p, " is not updated natively here");
-  ops.adamw_step_cast(master(p), exp_avg(p), exp_avg_sq(p), params_.grad(p), with_decay(p),
-                      params_.weight(p));
+  ops.adamw_step_cast(master(p), exp_avg(p), exp_avg_sq(p), update_grad(p), with_decay(p),
+                      update_weights(p));
 }
 
 }  // namespace mop

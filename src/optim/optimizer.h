@@ -70,7 +70,11 @@ class Optimizer {
   bool on_host(int p) const { return !on_host_.empty() && on_host_[p]; }
   bool owns(int p) const { return owned_.empty() || owned_[p]; }
   int num_host_params() const;
+  // With sliced parameters (ParamStore::sliced) the state, the gradients it reads and the weights
+  // it writes are this rank's slices ([slice_numel]); else whole parameters.
   Tensor master(int p) const { return state(0, p); }
+  Tensor update_grad(int p) const;
+  Tensor update_weights(int p) const;
   Tensor exp_avg(int p) const { return state(1, p); }
   Tensor exp_avg_sq(int p) const { return state(2, p); }
   Ops& ops() const { return ops_; }
@@ -81,6 +85,7 @@ class Optimizer {
 
  private:
   Tensor state(int which, int p) const;
+  int64_t state_numel(int p) const;
   AdamWArgs with_decay(int p) const;
   OptimConfig cfg_;
   ParamStore& params_;

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "parallel/mpi_check.h"
 #include "parallel/watchdog.h"
@@ -65,8 +67,13 @@ class MpiComm final : public Comm {
     host(out), host(in);
     MOP_CHECK(in.numel() == out.numel() * size_ && out.dtype == in.dtype, "reduce_scatter sizes");
     MOP_CHECK(out.numel() <= INT_MAX, "reduce_scatter message too large");
-    MOP_MPI_CHECK(MPI_Reduce_scatter_block(in.data, out.data, int(out.numel()), mpi_type(in.dtype),
-                                           MPI_SUM, comm_));
+    // The sums of an all-reduce, this rank's part kept: Open MPI's reduce-scatter adds in another
+    // order than its all-reduce above 2 ranks, and sliced parameters must sum their gradients
+    // exactly as whole ones do (CPU ranks: the traffic does not matter).
+    MOP_CHECK(in.numel() <= INT_MAX, "reduce_scatter message too large");
+    std::vector<char> sum(in.bytes());
+    MOP_MPI_CHECK(MPI_Allreduce(in.data, sum.data(), int(in.numel()), mpi_type(in.dtype), MPI_SUM, comm_));
+    if (out.bytes()) std::memcpy(out.data, sum.data() + size_t(rank_) * out.bytes(), out.bytes());
   }
 
   using Comm::all_to_all_v;

@@ -22,9 +22,8 @@ ParallelSpec make_parallel_spec(const ModelLayout& layout, int cp, int dp, int e
   spec.params.resize(size_t(n));
   for (int p = 0; p < n; ++p)
     spec.params[size_t(p)].group = layout.params[p].kind == ParamKind::Experts ? ReplicaGroup::Edp : ReplicaGroup::World;
-  if (slice) {
-    for (int p = 0; p < n; ++p)
-      if (spec.group_size(p) > 1) spec.params[size_t(p)].kind = Sharding::Slice;
+  if (slice) {  // also where one replica holds the whole slice: the same step, gathers are copies
+    for (int p = 0; p < n; ++p) spec.params[size_t(p)].kind = Sharding::Slice;
     return spec;
   }
   if (!zero || spec.world() == 1) return spec;

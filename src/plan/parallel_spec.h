@@ -59,9 +59,9 @@ struct ParallelSpec {
 };
 
 // The spec of `layout` (a rank's: its experts) on a cp × dp = ep × edp mesh; slice: every
-// parameter with more than one replica sliced over them; else zero: ZeRO-1 owners over each
+// parameter sliced over its replicas (one replica: a single slice, the whole parameter); else zero: ZeRO-1 owners over each
 // parameter's replicas (largest parameter first onto the least-loaded replica, the same on every
-// rank), else every parameter replicated. One rank is always replicated.
+// rank), else every parameter replicated. Without slice, one rank is always replicated.
 ParallelSpec make_parallel_spec(const ModelLayout& layout, int cp, int dp, int ep, int edp, bool zero,
                                 bool slice = false);
 

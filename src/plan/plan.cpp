@@ -211,17 +211,27 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
   const ModelLayout local = ModelLayout::build(ModelDims::from(cfg, rank % ep, ep));
   const bool gpu = run.device != Device::CPU;
   MemoryPlan m;
+  // Sliced parameters: the store's slices and gather slots, and state for the slices only.
+  std::unique_ptr<ParamStore> sliced;
+  if (parallel.sliced()) {
+    ParamSlices slices;
+    for (int q = 0; q < int(local.params.size()); ++q)
+      slices.n.push_back(parallel.group_size(q)), slices.index.push_back(parallel.replica_index(rank, q));
+    slices.pool_grads = micro_batches == 1;
+    slices.allocate = false;
+    sliced = std::make_unique<ParamStore>(local, run.compute, run.grad, MemKind::Host, std::move(slices));
+  }
   int64_t elems = 0, native = 0, host = 0, staged = 0, staged_cpu = 0;
   for (size_t q = 0; q < local.params.size(); ++q) {
-    const int64_t n = local.params[q].numel(), a = aligned_numel(n);
+    const int64_t n = sliced ? sliced->slice_numel(int(q)) : local.params[q].numel(), a = aligned_numel(n);
     elems += a;
     const bool on_host = !state_on_host.empty() && state_on_host[q];
     if (!owns(rank, int(q))) continue;
     (on_host ? host : native) += a;
     if (on_host) staged += (n + 63) / 64 * 64, staged_cpu += n;
   }
-  m.weights = size_t(elems) * dtype_size(run.compute);
-  m.grads = size_t(elems) * dtype_size(run.grad);
+  m.weights = sliced ? sliced->weight_bytes() : size_t(elems) * dtype_size(run.compute);
+  m.grads = sliced ? sliced->grad_bytes() : size_t(elems) * dtype_size(run.grad);
   m.optimizer_state = size_t(native) * 3 * sizeof(float) + local.params.size() * dtype_size(acc_dtype(run.grad));
   m.host_optimizer_state = size_t(host) * 3 * sizeof(float);
   if (gpu) {

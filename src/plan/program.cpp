@@ -2,6 +2,7 @@
 #include "plan/program.h"
 
 #include <cstdio>
+#include <utility>
 
 #include "model/params.h"
 
@@ -22,16 +23,22 @@ ProgramShape program_shape(const Plan& plan, int rank) {
       any_host = true;
     }
   s.zero1 = plan.parallel.zero1();
-  s.device_update_overlapped = plan.cfg.optim.overlap && !any_host && !s.zero1;
+  s.sliced = plan.parallel.sliced();
+  s.pool_grads = s.sliced && s.micro_batches == 1;
+  s.tied = layout.lm_head == layout.embedding;
+  // Sliced: the sums are issued on the compute stream, each freeing its gradients' slot.
+  if (s.sliced) s.async_reduce = false;
+  s.device_update_overlapped = plan.cfg.optim.overlap && !any_host && !s.zero1 && !s.sliced;
   return s;
 }
 
-StepProgram make_step_program(const ProgramShape& shape) {
-  StepProgram prog;
-  prog.shape = shape;
+namespace {
+
+// Whole parameters: every micro-batch's forward, then its backward; the last backward hands each
+// segment's gradients on (sums, host copies) as soon as they are final.
+void plain_gradients(const ProgramShape& shape, std::vector<Action>& g) {
   const int S = shape.segments;
   auto host = [&](int s) { return !shape.host_segments.empty() && shape.host_segments[size_t(s)]; };
-  auto& g = prog.gradients;
   g.push_back({ActionKind::ZeroGrads, -1, -1, -1, StreamKind::Compute});
   const StreamKind sums = shape.async_reduce ? StreamKind::GradSums : StreamKind::Compute;
   for (int m = 0; m < shape.micro_batches; ++m) {
@@ -56,6 +63,72 @@ StepProgram make_step_program(const ProgramShape& shape) {
   }
   if (shape.reduce) g.push_back({ActionKind::JoinReduce, -1, -1, -1, StreamKind::Compute});
   g.push_back({ActionKind::ReadLosses, -1, -1, -1, StreamKind::Host});
+}
+
+// Sliced parameters: each segment's weights are gathered before its forward and released after
+// (the last two stay for the backward), gathered again before its backward and released after
+// it; with one micro-batch its gradients get a slot just before they are first written (the
+// backward; the fused LM head's in its forward) and are reduce-scattered (and the slot freed)
+// right after its backward. A tied embedding's group is gathered with the
+// first segment that reads it and kept until the step's last backward.
+void sliced_gradients(const ProgramShape& shape, std::vector<Action>& g) {
+  const int S = shape.segments, tied = S;  // the tied embedding's gather group
+  auto host = [&](int s) { return !shape.host_segments.empty() && shape.host_segments[size_t(s)]; };
+  auto add = [&](ActionKind k, int group, int m, StreamKind st = StreamKind::Compute) {
+    g.push_back({k, group, group + 1, m, st});
+  };
+  std::vector<char> gathered(size_t(S + 1), 0), grads(size_t(S + 1), 0);
+  auto gather = [&](int group, int m) {
+    if (!std::exchange(gathered[size_t(group)], char(1))) add(ActionKind::Gather, group, m);
+  };
+  auto release = [&](int group, int m) {
+    if (std::exchange(gathered[size_t(group)], char(0))) add(ActionKind::Release, group, m);
+  };
+  // Pooled gradients: a slot for segment s's (and, with the head, the tied embedding's) before
+  // they are first written.
+  auto grad_slots = [&](int s, int m) {
+    if (!shape.pool_grads) return;
+    if (shape.tied && s == S - 1 && !std::exchange(grads[size_t(tied)], char(1))) add(ActionKind::GradSlot, tied, m);
+    if (!std::exchange(grads[size_t(s)], char(1))) add(ActionKind::GradSlot, s, m);
+  };
+  if (!shape.pool_grads) g.push_back({ActionKind::ZeroGrads, -1, -1, -1, StreamKind::Compute});
+  for (int m = 0; m < shape.micro_batches; ++m) {
+    const bool last = m + 1 == shape.micro_batches;
+    g.push_back({ActionKind::BeginForward, -1, -1, m, StreamKind::Compute});
+    for (int s = 0; s < S; ++s) {
+      if (host(s)) add(ActionKind::WeightsReady, s, m);
+      if (shape.tied && (s == 0 || s == S - 1)) gather(tied, m);
+      gather(s, m);
+      // The fused LM head writes its gradients in the forward.
+      if (s == S - 1) grad_slots(s, m);
+      add(ActionKind::Forward, s, m);
+      if (s < S - 2) release(s, m);
+    }
+    g.push_back({ActionKind::BeginBackward, -1, -1, m, StreamKind::Compute});
+    for (int s = S - 1; s >= 0; --s) {
+      gather(s, m);
+      grad_slots(s, m);
+      add(ActionKind::Backward, s, m);
+      release(s, m);
+      if (!last) continue;
+      add(ActionKind::ReduceScatter, s, m);
+      if (shape.tied && s == 0) release(tied, m), add(ActionKind::ReduceScatter, tied, m);
+      if (host(s)) add(ActionKind::GradsToHost, s, m, StreamKind::HostCopy);
+    }
+  }
+  g.push_back({ActionKind::ReadLosses, -1, -1, -1, StreamKind::Host});
+}
+
+}  // namespace
+
+StepProgram make_step_program(const ProgramShape& shape) {
+  StepProgram prog;
+  prog.shape = shape;
+  const int S = shape.segments;
+  auto host = [&](int s) { return !shape.host_segments.empty() && shape.host_segments[size_t(s)]; };
+  auto& g = prog.gradients;
+  if (shape.sliced) sliced_gradients(shape, g);
+  else plain_gradients(shape, g);
 
   auto& a = prog.apply;
   a.push_back({ActionKind::Optimizer, -1, -1, -1, StreamKind::Compute});
@@ -71,6 +144,10 @@ StepProgram make_step_program(const ProgramShape& shape) {
 const char* action_name(ActionKind k) {
   switch (k) {
     case ActionKind::ZeroGrads: return "zero-grads";
+    case ActionKind::Gather: return "gather";
+    case ActionKind::Release: return "release";
+    case ActionKind::GradSlot: return "grad-slot";
+    case ActionKind::ReduceScatter: return "reduce-scatter";
     case ActionKind::BeginForward: return "begin-forward";
     case ActionKind::WeightsReady: return "weights-ready";
     case ActionKind::WaitUpdate: return "wait-update";
@@ -114,6 +191,10 @@ std::string program_text(const StepProgram& p) {
   std::string out = "step program: " + std::to_string(s.segments) + " segments (embedding, " +
                     std::to_string(s.segments - 2) + " layers, head), " +
                     std::to_string(s.micro_batches) + " micro-batch(es)\n";
+  if (s.sliced)
+    out += "sliced parameters: gather groups are segments" +
+           (s.tied ? "; group " + std::to_string(s.segments) + " is the tied embedding" : std::string()) +
+           (s.pool_grads ? "; whole gradients only for the segments in flight" : "; whole gradients kept over the micro-batches") + "\n";
   out += "gradients:\n";
   for (const Action& a : p.gradients) out += describe(a) + "\n";
   out += "apply:\n";

@@ -34,6 +34,13 @@ enum class ActionKind {
                   // with the next step's forward
   HostUpdate,     // AdamW of the host state (overlapped with the next forward where configured)
   Broadcast,      // ZeRO-1: every weight from its owner
+  // Sliced parameters (ZeRO-3). Segments [a, b) name gather groups (model/params.h): a segment's
+  // parameters, or (tied embedding) the group `segments` of its own.
+  Gather,         // group g: a slot for its weights, every replica's slices gathered into it
+  Release,        // group g: its weights' slot freed
+  GradSlot,       // group g: a slot for its whole gradients (one micro-batch), zeroed
+  ReduceScatter,  // group g: its gradients summed over the replicas, each keeping its slice; the
+                  // slot freed
 };
 
 // Where an action's device work runs.
@@ -62,6 +69,9 @@ struct ProgramShape {
   std::vector<bool> host_segments;  // per segment: this rank updates some of it on the host
   bool device_update_overlapped = false;  // optim.overlap with all state on the device, no ZeRO
   bool zero1 = false;               // ZeRO-1 owners broadcast the new weights
+  bool sliced = false;              // parallel.shard: slice
+  bool pool_grads = false;          // sliced, one micro-batch: whole gradients per segment in flight
+  bool tied = false;                // the LM head reads the embedding (a gather group of its own)
 };
 
 struct StepProgram {

@@ -35,7 +35,9 @@ StepSchedule::StepSchedule(const Plan& plan, StepProgram program, Transformer& m
   segment_params_.assign(size_t(segments), {});
   for (int p = 0; p < params.num_params(); ++p)
     segment_params_[size_t(param_segment(layout, p))].push_back(p);
-  if (shape.reduce) reducer_ = std::make_unique<GradReducer>(groups);
+  if (shape.reduce && !shape.sliced) reducer_ = std::make_unique<GradReducer>(groups);
+  MOP_CHECK(shape.sliced == params.sliced() && (!shape.sliced || shape.pool_grads == params.pools_grads()),
+            "the step program and the parameter store disagree on slicing");
   MOP_CHECK((update_ops != nullptr) == shape.device_update_overlapped,
             "the overlapped device update needs its stream's Ops exactly when the program has it");
   if (update_ops) {
@@ -82,6 +84,29 @@ void StepSchedule::reduce_segment(int segment) {
   reducer_->reduce(dense, expert);
 }
 
+Comm& StepSchedule::replicas(int p) const {
+  return *(plan_.parallel.params[size_t(p)].group == ReplicaGroup::Edp ? groups_.edp_data : groups_.world_data);
+}
+
+void StepSchedule::gather(int group) {
+  params_.bind_weights(group);
+  for (int p : params_.group_params(group)) {
+    Tensor whole = params_.gathered_weight(p);
+    // One replica: a copy on the ops device (a self comm moves host buffers only).
+    if (params_.slice_count(p) == 1) timed_.copy(whole, params_.slice_weight(p));
+    else replicas(p).all_gather(whole, params_.slice_weight(p));
+  }
+}
+
+void StepSchedule::reduce_scatter(int group) {
+  for (int p : params_.group_params(group)) {
+    const Tensor whole = params_.padded_grad(p);
+    if (params_.slice_count(p) == 1) timed_.copy(params_.slice_grad(p), whole);
+    else replicas(p).reduce_scatter_sum(params_.slice_grad(p), whole);
+  }
+  params_.release_grads(group);
+}
+
 LossTerms StepSchedule::gradients(const std::function<Batch(int)>& micro_batch, float ce_scale,
                                   float aux_scale) {
   std::optional<Transformer::Pass> pass;
@@ -93,7 +118,8 @@ LossTerms StepSchedule::gradients(const std::function<Batch(int)>& micro_batch, 
         // the experts' gradients.
         if (!std::exchange(grads_zeroed_, false))
           for (int p = 0; p < params_.num_params(); ++p)
-            if (!model_.writes_gradient(p)) timed_.fill(params_.grad(p), 0);
+            if (params_.sliced()) timed_.fill(params_.padded_grad(p), 0);  // padding included
+            else if (!model_.writes_gradient(p)) timed_.fill(params_.grad(p), 0);
         break;
       case ActionKind::BeginForward:
         pass = model_.begin(micro_batch(a.micro_batch), aux_scale, /*training=*/true, ce_scale,
@@ -122,6 +148,21 @@ LossTerms StepSchedule::gradients(const std::function<Batch(int)>& micro_batch, 
       case ActionKind::GradsToHost:
         for (int s = a.begin; s < a.end; ++s) pipeline_->grads_final(s);
         break;
+      case ActionKind::Gather:
+        for (int g = a.begin; g < a.end; ++g) gather(g);
+        break;
+      case ActionKind::Release:
+        for (int g = a.begin; g < a.end; ++g) params_.release_weights(g);
+        break;
+      case ActionKind::GradSlot:
+        for (int g = a.begin; g < a.end; ++g) {
+          params_.bind_grads(g);
+          for (int p : params_.group_params(g)) timed_.fill(params_.padded_grad(p), 0);
+        }
+        break;
+      case ActionKind::ReduceScatter:
+        for (int g = a.begin; g < a.end; ++g) reduce_scatter(g);
+        break;
       case ActionKind::ReadLosses: {
         {
           // Reading the losses waits for the step's device work, NCCL collectives included: a
@@ -139,6 +180,21 @@ LossTerms StepSchedule::gradients(const std::function<Batch(int)>& micro_batch, 
     }
   }
   return lt;
+}
+
+void StepSchedule::evaluate(const Batch& batch) {
+  const Transformer::Pass pass = model_.begin(batch, 0.0f, /*training=*/false);
+  const int S = num_segments(params_.layout().dims);
+  if (!params_.sliced()) return model_.forward(pass, 0, S);
+  const int tied = params_.num_gather_groups() > S ? S : -1;
+  for (int s = 0; s < S; ++s) {
+    if (pipeline_) pipeline_->weights_ready(s);
+    if (tied >= 0 && s == 0) gather(tied);
+    gather(s);
+    model_.forward(pass, s, s + 1);
+    params_.release_weights(s);
+  }
+  if (tied >= 0) params_.release_weights(tied);
 }
 
 StepReport StepSchedule::apply(float lr) {

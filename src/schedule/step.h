@@ -53,6 +53,8 @@ class StepSchedule {
   // ce_scale weights each unmasked token's cross-entropy, aux_scale the router losses of a
   // micro-batch. Returns the loss sums over all ranks.
   LossTerms gradients(const std::function<Batch(int)>& micro_batch, float ce_scale, float aux_scale);
+  // A forward without gradients (evaluation), segment by segment, gathering sliced weights.
+  void evaluate(const Batch& batch);
   // Steps 5–7.
   StepReport apply(float lr);
   // ZeRO-1: every weight from its owner (also after loading a checkpoint).
@@ -69,6 +71,11 @@ class StepSchedule {
 
  private:
   void reduce_segment(int segment);
+  // Sliced parameters: gather group g's weights into their slot; sum its gradients over the
+  // replicas into each one's slice and free the slot.
+  Comm& replicas(int p) const;
+  void gather(int group);
+  void reduce_scatter(int group);
   void update_segment(int segment);  // step 5 on the update stream
   void wait_update(int segment);     // the compute stream waits for a segment's update
   void wait_updates();

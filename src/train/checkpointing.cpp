@@ -2,6 +2,8 @@
 // views into the flat optimizer buffers, so saving and loading copy nothing but the file bytes.
 #include "train/checkpointing.h"
 
+#include <cstring>
+
 #include <spdlog/spdlog.h>
 
 #include "ckpt/checkpoint_dir.h"
@@ -76,10 +78,14 @@ Tensor state_tensor(const Optimizer& optim, int p, int which) {
 
 // Host-readable views of one optimizer state tensor per parameter: the tensor itself when it is
 // in host memory, else a copy staged into `keep` (checkpoints are rare; the staging is freed when
-// `keep` goes; a vector keeps its buffer when `keep` grows).
-std::vector<Tensor> host_state(const Optimizer& optim, int n, int which, std::vector<HostFloats>& keep) {
+// `keep` goes; a vector keeps its buffer when `keep` grows). Sliced parameters of several
+// replicas: every replica's slices gathered (a collective over each parameter's replicas, so every
+// rank calls this), kept by the writer (slice 0) only.
+std::vector<Tensor> host_state(const ParamStore& params, const Optimizer& optim, const ParallelGroups* groups,
+                               int which, std::vector<HostFloats>& keep) {
   std::vector<Tensor> out;
   BulkCopier copier;
+  const int n = params.num_params();
   for (int p = 0; p < n; ++p) {
     if (!optim.owns(p)) {  // updated (and saved) by another rank
       out.emplace_back();
@@ -93,6 +99,21 @@ std::vector<Tensor> host_state(const Optimizer& optim, int n, int which, std::ve
       h.device = Device::CPU;
       copier.copy(h, t);
       t = h;
+    }
+    if (params.sliced() && params.slice_count(p) > 1) {
+      const ParamDef& def = params.layout().params[p];
+      MOP_CHECK(groups, "saving sliced parameters needs the parallel groups");
+      Comm& replicas = def.kind == ParamKind::Experts ? *groups->edp_host : *groups->world_host;
+      HostFloats whole(size_t(t.numel() * params.slice_count(p)));
+      replicas.all_gather(Tensor(whole.data(), DType::F32, {int64_t(whole.size())}), t);
+      if (params.slice_index(p) != 0) {
+        out.emplace_back();
+        continue;
+      }
+      keep.push_back(std::move(whole));
+      t = Tensor(keep.back().data(), DType::F32, {});
+      t.ndim = int(def.shape.size());
+      for (int i = 0; i < t.ndim; ++i) t.shape[i] = def.shape[i];
     }
     out.push_back(t);
   }
@@ -133,6 +154,12 @@ TensorLookup files_lookup(const std::vector<SafetensorsFile>& files) {
 void load_state(const TensorLookup& lookup, const ParamStore& params, Optimizer& optim,
                 const std::string& suffix, int which, const std::string& differences) {
   BulkCopier copier;
+  // Sliced parameters of several replicas: the whole parameter is read into `whole`, then this
+  // rank's slice (zeros past the end) goes to the state.
+  std::vector<HostFloats> whole(size_t(params.num_params()));
+  auto sliced = [&](int p) { return params.sliced() && params.slice_count(p) > 1; };
+  for (int p = 0; p < params.num_params(); ++p)
+    if (sliced(p) && optim.owns(p)) whole[size_t(p)].assign(size_t(params.slice_numel(p) * params.slice_count(p)), 0.0f);
   for (const HfView& v : params.layout().hf_views()) {
     if (!optim.owns(v.param)) continue;
     std::string name = v.name + suffix, where;
@@ -143,9 +170,19 @@ void load_state(const TensorLookup& lookup, const ParamStore& params, Optimizer&
                    dtype_name(t->dtype), ", expected f32");
     MOP_USER_CHECK(t->shape == v.shape, where, ": tensor '", name, "' has shape ",
                    shape_str(t->shape), ", the model expects ", shape_str(v.shape), hint);
+    if (sliced(v.param)) {
+      std::memcpy(whole[size_t(v.param)].data() + v.offset, t->data, t->bytes);
+      continue;
+    }
     const Tensor slot = state_tensor(optim, v.param, which);
     const Tensor dst = view_of(slot, v);
     copier.copy(dst.data, dst.device != Device::CPU, t->data, false, t->bytes);
+  }
+  for (int p = 0; p < params.num_params(); ++p) {
+    if (whole[size_t(p)].empty()) continue;
+    const Tensor slot = state_tensor(optim, p, which);
+    const float* mine = whole[size_t(p)].data() + params.slice_numel(p) * params.slice_index(p);
+    copier.copy(slot.data, slot.device != Device::CPU, mine, false, slot.bytes());
   }
 }
 
@@ -164,37 +201,46 @@ std::string save_checkpoint(const Config& cfg, const ParamStore& params, const O
   }
   world.comm->barrier();
   const ModelLayout& layout = params.layout();
-  auto mine = [&](const HfView& v) { return optim.owns(v.param); };
+  // Sliced parameters: the replica with slice 0 writes the whole tensor.
+  auto mine = [&](const HfView& v) {
+    const int p = v.param;
+    return params.sliced() && params.slice_count(p) > 1 ? params.slice_index(p) == 0 : optim.owns(p);
+  };
   bool writer = false;
   for (const HfView& v : layout.hf_views()) writer = writer || mine(v);
-  if (writer) {
+  // Sliced parameters: every rank takes part in gathering them, the writers write.
+  if (writer || params.sliced()) {
     const std::filesystem::path dir = checkpoint_tmp_dir(cfg.checkpoint.dir, state.step);
     const std::string shard = world.size > 1 ? "-rank" + std::to_string(world.rank) + "-of-" +
                                                    std::to_string(world.size) : "";
     const std::string model_file = "model" + shard + ".safetensors";
     const std::string optim_file = "optimizer" + shard + ".safetensors";
     SafetensorsMetadata meta{{"format", "pt"}, {"producer", "mop " MOP_VERSION}};
-    const int n = params.num_params();
     {
       std::vector<HostFloats> keep;
-      std::vector<Tensor> master = host_state(optim, n, 0, keep);
+      std::vector<Tensor> master = host_state(params, optim, groups, 0, keep);
       std::vector<SafetensorsEntry> model;
       for (const HfView& v : layout.hf_views())
         if (mine(v)) model.push_back({v.name, hf_slice(master[v.param], v)});
-      FileDigest d = write_safetensors(dir / model_file, model, meta);
-      if (w) w->add_file(model_file, d);
+      if (writer) {
+        FileDigest d = write_safetensors(dir / model_file, model, meta);
+        if (w) w->add_file(model_file, d);
+      }
     }
     {
       std::vector<HostFloats> keep;
-      std::vector<Tensor> m = host_state(optim, n, 1, keep), v2 = host_state(optim, n, 2, keep);
+      std::vector<Tensor> m = host_state(params, optim, groups, 1, keep);
+      std::vector<Tensor> v2 = host_state(params, optim, groups, 2, keep);
       std::vector<SafetensorsEntry> moments;
       for (const HfView& v : layout.hf_views()) {
         if (!mine(v)) continue;
         moments.push_back({v.name + ".exp_avg", hf_slice(m[v.param], v)});
         moments.push_back({v.name + ".exp_avg_sq", hf_slice(v2[v.param], v)});
       }
-      FileDigest d = write_safetensors(dir / optim_file, moments, meta);
-      if (w) w->add_file(optim_file, d);
+      if (writer) {
+        FileDigest d = write_safetensors(dir / optim_file, moments, meta);
+        if (w) w->add_file(optim_file, d);
+      }
     }
   }
   world.comm->barrier();

@@ -115,8 +115,6 @@ void Trainer::build() {
   cfg_ = planned_config(cfg_, machine, world_.size);
   plan_ = make_plan(cfg_, machine, world_.size);
   // Planned but not yet run by the step (the plan prices them; the runtime lands separately).
-  MOP_USER_CHECK(cfg_.parallel.shard != "slice", "parallel.shard: slice: the step does not run "
-                 "sliced parameters yet (mop plan prices them); use parallel.shard: owner");
   MOP_USER_CHECK(cfg_.optim.gradients != "host", "optim.gradients: host: the step does not stream "
                  "gradients to the host yet (mop plan prices it); use gpu or auto");
   MOP_USER_CHECK(cfg_.parallel.moe.exchange_budget == 0, "parallel.moe.exchange_budget: the expert "
@@ -148,7 +146,17 @@ void Trainer::build() {
   // 3. Layout (this rank's experts), parameters.
   layout_ = ModelLayout::build(ModelDims::from(cfg_, groups_->ep, groups_->ep_size));
   MemKind mem = plan_.run.device == Device::CUDA ? MemKind::Device : MemKind::Host;
-  params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem);
+  if (plan_.parallel.sliced()) {  // parallel.shard: slice
+    ParamSlices slices;
+    for (int p = 0; p < int(layout_.params.size()); ++p) {
+      slices.n.push_back(plan_.parallel.group_size(p));
+      slices.index.push_back(plan_.parallel.replica_index(world_.rank, p));
+    }
+    slices.pool_grads = plan_.micro_batches == 1;
+    params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem, std::move(slices));
+  } else {
+    params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem);
+  }
 
   // 4. Data.
   loader_ = std::make_unique<TokenLoader>(make_loader_options(cfg_));
@@ -189,7 +197,10 @@ void Trainer::build() {
   if (plan_.parallel.zero1())
     for (int p = 0; p < int(layout_.params.size()); ++p) owned.push_back(plan_.owns(world_.rank, p));
   optim_ = std::make_unique<Optimizer>(cfg_.optim, *params_, *ops_, plan_.state_on_host, owned);
-  if (world_.size > 1) {
+  if (world_.size > 1 && plan_.parallel.sliced()) {  // every rank holds its slices: Σ over all
+    optim_->set_distributed(std::vector<bool>(layout_.params.size(), true), groups_->world_host,
+                            groups_->world_host);
+  } else if (world_.size > 1) {
     std::vector<bool> sharded;
     for (const ParamDef& p : layout_.params) sharded.push_back(p.kind == ParamKind::Experts);
     optim_->set_distributed(std::move(sharded), groups_->ep_size > 1 ? groups_->ep_host.get() : nullptr,
@@ -255,8 +266,8 @@ void Trainer::build() {
 
 MemoryPlan Trainer::allocated_memory() const {
   MemoryPlan m;
-  m.weights = size_t(params_->total_elements()) * dtype_size(plan_.run.compute);
-  m.grads = size_t(params_->total_elements()) * dtype_size(plan_.run.grad);
+  m.weights = params_->weight_bytes();
+  m.grads = params_->grad_bytes();
   m.optimizer_state = optim_->native_state_bytes();
   m.host_optimizer_state = optim_->host_state_bytes();
   if (const HostPipeline* p = std::as_const(*schedule_).host_pipeline()) {
@@ -481,7 +492,7 @@ double Trainer::evaluate() {
   for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
     int64_t first = (i * plan_.dp + dp_rank_) * b;
     valid += double(fill_local(first, true, ids_.data(), targets_.data(), positions_.data()));
-    model_->forward(micro_batch(0), 0.0f);
+    schedule_->evaluate(micro_batch(0));
     ce += model_->take_losses().ce_sum;
   }
   double sums[2] = {ce, valid};

@@ -163,3 +163,72 @@ TEST_CASE("program: its text and JSON forms", "[cpu][plan]") {
   CHECK(grads[2].at("segments") == Json(Json::Array{Json(0), Json(1)}));
   CHECK(j.at("apply").as_array()[0].at("action").as_string() == "optimizer");
 }
+
+TEST_CASE("program: sliced parameters gather, release and reduce-scatter each segment", "[cpu][plan]") {
+  // One micro-batch: whole gradients only for the segments in flight.
+  const Plan plan = tiny_plan({"parallel.shard=slice", "train.global_batch_size=8"}, 1);
+  REQUIRE(plan.micro_batches == 1);
+  REQUIRE(plan.parallel.sliced());
+  const StepProgram p = make_step_program(plan, 0);
+  CHECK(p.shape.pool_grads);
+  CHECK(!p.shape.device_update_overlapped);
+  CHECK(compact(p.gradients) ==
+        "begin-forward m0 | gather 0 m0 | forward 0 m0 | release 0 m0 | gather 1 m0 | forward 1 m0 | "
+        "release 1 m0 | gather 2 m0 | forward 2 m0 | release 2 m0 | gather 3 m0 | forward 3 m0 | "
+        "release 3 m0 | gather 4 m0 | forward 4 m0 | gather 5 m0 | grad-slot 5 m0 | forward 5 m0 | "
+        "begin-backward m0 | backward 5 m0 | release 5 m0 | reduce-scatter 5 m0 | grad-slot 4 m0 | "
+        "backward 4 m0 | release 4 m0 | reduce-scatter 4 m0 | gather 3 m0 | grad-slot 3 m0 | "
+        "backward 3 m0 | release 3 m0 | reduce-scatter 3 m0 | gather 2 m0 | grad-slot 2 m0 | "
+        "backward 2 m0 | release 2 m0 | reduce-scatter 2 m0 | gather 1 m0 | grad-slot 1 m0 | "
+        "backward 1 m0 | release 1 m0 | reduce-scatter 1 m0 | gather 0 m0 | grad-slot 0 m0 | "
+        "backward 0 m0 | release 0 m0 | reduce-scatter 0 m0 | read-losses (host)");
+  CHECK(compact(p.apply) == "optimizer");
+
+  // Every layout run against the parameter store's two slots: each forward and backward finds
+  // its weights gathered (a tied embedding's too) and each backward its gradients' slot; every
+  // gather group is reduce-scattered once, after its last backward.
+  for (const bool tied : {false, true})
+    for (const int mb : {1, 3})
+      for (const bool host : {false, true}) {
+        INFO("tied " << tied << " micro-batches " << mb << " host " << host);
+        const Plan q = tiny_plan({"parallel.shard=slice", "train.global_batch_size=" + std::to_string(8 * mb),
+                                  std::string("model.tie_embeddings=") + (tied ? "true" : "false"),
+                                  std::string("optim.state_placement=") + (host ? "host" : "auto")},
+                                 1);
+        const ModelLayout layout = ModelLayout::build(q.dims);
+        ParamSlices slices;
+        slices.n.assign(layout.params.size(), 1), slices.index.assign(layout.params.size(), 0);
+        slices.pool_grads = q.micro_batches == 1, slices.allocate = false;
+        ParamStore store(layout, DType::F32, DType::F32, MemKind::Host, slices);
+        const StepProgram sp = make_step_program(q, 0);
+        const int S = sp.shape.segments, groups = store.num_gather_groups();
+        CHECK(groups == S + (tied ? 1 : 0));
+        std::vector<int> scattered(size_t(groups), 0), backward_done(size_t(S), 0);
+        for (const Action& a : sp.gradients) {
+          switch (a.kind) {
+            case ActionKind::Gather: store.bind_weights(a.begin); break;  // throws with no free slot
+            case ActionKind::Release: store.release_weights(a.begin); break;
+            case ActionKind::GradSlot: store.bind_grads(a.begin); break;
+            case ActionKind::ReduceScatter:
+              CHECK(store.grads_bound(a.begin));
+              store.release_grads(a.begin);
+              ++scattered[size_t(a.begin)];
+              break;
+            case ActionKind::Forward:
+            case ActionKind::Backward:
+              CHECK(store.weights_bound(a.begin));
+              if (tied && (a.begin == 0 || a.begin == S - 1)) CHECK(store.weights_bound(S));
+              if (a.kind == ActionKind::Backward || a.begin == S - 1) {
+                CHECK(store.grads_bound(a.begin));
+                if (tied && a.begin == S - 1) CHECK(store.grads_bound(S));
+              }
+              if (a.kind == ActionKind::Backward) ++backward_done[size_t(a.begin)];
+              break;
+            default: break;
+          }
+        }
+        for (int g = 0; g < groups; ++g) CHECK(scattered[size_t(g)] == 1);
+        for (int s = 0; s < S; ++s) CHECK(backward_done[size_t(s)] == q.micro_batches);
+        for (int g = 0; g < groups; ++g) CHECK(!store.weights_bound(g));
+      }
+}
