@@ -8,6 +8,7 @@
 #   PARTS  which parts to run (default "tests kernels random kjv fsdp2")
 #   STEPS  training steps per run (default 12; the log's last steps are the steady state)
 #   RUNS   the q3moe-8l runs, SEQ:MICRO each (default "4096:4 4096:1 16384:1")
+#   MOP_SET  extra `mop train` options for every run (e.g. "--set parallel.shard=slice")
 set -uo pipefail
 bin=${1:-build}
 out=${2:-bench-out}
@@ -56,7 +57,7 @@ train() {
   "$bin/mop" train --config configs/q3moe-8l.yaml --set data.seq_len="$seq" \
     --set train.global_batch_size=$((32768 / seq)) --set train.micro_batch_size="$micro" \
     --set train.steps="$steps" --set checkpoint.dir="$out/ckpt_$name" --set checkpoint.overwrite=true \
-    "$@" > "$out/$name.log" 2>&1
+    "$@" ${MOP_SET:-} > "$out/$name.log" 2>&1
   local rc=$?
   echo "q3moe-8l $data seq $seq micro-batch $micro: exit $rc | $(grep -E 'step +[0-9]+/' "$out/$name.log" | tail -n 1 | sed 's/.*| loss/loss/')$(smi_stop "$out/smi_$name.csv")" \
     | tee -a "$out/summary.txt"
