@@ -49,8 +49,9 @@ ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad
     const int g = tied && p == layout.embedding ? segments : param_segment(layout, p);
     group_of_.push_back(g);
     group_params_[size_t(g)].push_back(p);
-    slot_off_.push_back(group_elems[size_t(g)]);
-    group_elems[size_t(g)] += aligned_numel(parts * k);
+    // One replica: the slice is the whole parameter, used in place (no slot, nothing gathered).
+    slot_off_.push_back(parts == 1 ? -1 : group_elems[size_t(g)]);
+    if (parts > 1) group_elems[size_t(g)] += aligned_numel(parts * k);
   }
   const int64_t shared = *std::max_element(group_elems.begin(), group_elems.begin() + segments);
   const int groups = num_gather_groups();
@@ -94,10 +95,16 @@ Tensor ParamStore::in_slot(const std::vector<Buffer>& slots, const std::vector<i
   MOP_CHECK(p >= 0 && p < num_params(), "parameter index ", p);
   const int slot = bound[size_t(group_of_[size_t(p)])];
   MOP_CHECK(slot >= 0, "the ", what, " of ", layout_.params[p].name, " are not gathered");
-  const Buffer& b = slots[size_t(slot)];
-  Tensor t(static_cast<char*>(b.data()) + size_t(slot_off_[size_t(p)]) * dtype_size(dtype), dtype, {},
-           b.device());
-  if (padded) return Tensor(t.data, dtype, {slices_.n[size_t(p)] * slice_numel_[size_t(p)]}, b.device());
+  const bool weights = &slots == &weight_slots_;
+  Tensor t;
+  if (slot_off_[size_t(p)] < 0) {  // one replica: its slice, in place
+    t = weights ? slice_weight(p) : slice_grad(p);
+  } else {
+    const Buffer& b = slots[size_t(slot)];
+    t = Tensor(static_cast<char*>(b.data()) + size_t(slot_off_[size_t(p)]) * dtype_size(dtype), dtype, {},
+               b.device());
+  }
+  if (padded) return Tensor(t.data, dtype, {slices_.n[size_t(p)] * slice_numel_[size_t(p)]}, t.device);
   const auto& shape = layout_.params[p].shape;
   t.ndim = int(shape.size());
   for (int i = 0; i < t.ndim; ++i) t.shape[i] = shape[i];

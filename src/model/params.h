@@ -24,7 +24,8 @@ int param_segment(const ModelLayout& layout, int p);
 // The whole weights of a segment exist only while it is bound to one of two gather slots (the
 // schedule gathers every replica's slice into it); the whole gradients likewise with pool_grads
 // (one micro-batch per step: a segment's are final after its backward), else for the whole step.
-// A tied embedding is read by the first and the last segment: it has a slot of its own.
+// A tied embedding is read by the first and the last segment: it has a slot of its own. A
+// parameter of one replica (n = 1) is its own slice and is used in place: no slot, no copies.
 struct ParamSlices {
   std::vector<int> n, index;  // per parameter
   bool pool_grads = true;

@@ -28,7 +28,7 @@ ProgramShape program_shape(const Plan& plan, int rank) {
   s.tied = layout.lm_head == layout.embedding;
   // Sliced: the sums are issued on the compute stream, each freeing its gradients' slot.
   if (s.sliced) s.async_reduce = false;
-  s.device_update_overlapped = plan.cfg.optim.overlap && !any_host && !s.zero1 && !s.sliced;
+  s.device_update_overlapped = plan.cfg.optim.overlap && !any_host && !s.zero1;
   return s;
 }
 
@@ -97,6 +97,8 @@ void sliced_gradients(const ProgramShape& shape, std::vector<Action>& g) {
     g.push_back({ActionKind::BeginForward, -1, -1, m, StreamKind::Compute});
     for (int s = 0; s < S; ++s) {
       if (host(s)) add(ActionKind::WeightsReady, s, m);
+      // The slices are gathered once the last step's update of them is done.
+      if (shape.device_update_overlapped) add(ActionKind::WaitUpdate, s, m);
       if (shape.tied && (s == 0 || s == S - 1)) gather(tied, m);
       gather(s, m);
       // The fused LM head writes its gradients in the forward.

@@ -59,7 +59,8 @@ StepSchedule::~StepSchedule() {
 void StepSchedule::update_segment(int segment) {
   for (int p : segment_params_[size_t(segment)]) {
     optim_.update_native(p, *update_ops_);
-    if (!model_.writes_gradient(p)) update_ops_->fill(params_.grad(p), 0);
+    // Sliced gradients are zeroed when their slot is bound (or by zero-grads).
+    if (!params_.sliced() && !model_.writes_gradient(p)) update_ops_->fill(params_.grad(p), 0);
   }
   update_done_[size_t(segment)].record(update_ops_->stream());
   update_pending_[size_t(segment)] = true;
@@ -91,18 +92,14 @@ Comm& StepSchedule::replicas(int p) const {
 void StepSchedule::gather(int group) {
   params_.bind_weights(group);
   for (int p : params_.group_params(group)) {
-    Tensor whole = params_.gathered_weight(p);
-    // One replica: a copy on the ops device (a self comm moves host buffers only).
-    if (params_.slice_count(p) == 1) timed_.copy(whole, params_.slice_weight(p));
-    else replicas(p).all_gather(whole, params_.slice_weight(p));
+    // One replica: the slice is used in place.
+    if (params_.slice_count(p) > 1) replicas(p).all_gather(params_.gathered_weight(p), params_.slice_weight(p));
   }
 }
 
 void StepSchedule::reduce_scatter(int group) {
   for (int p : params_.group_params(group)) {
-    const Tensor whole = params_.padded_grad(p);
-    if (params_.slice_count(p) == 1) timed_.copy(params_.slice_grad(p), whole);
-    else replicas(p).reduce_scatter_sum(params_.slice_grad(p), whole);
+    if (params_.slice_count(p) > 1) replicas(p).reduce_scatter_sum(params_.slice_grad(p), params_.padded_grad(p));
   }
   params_.release_grads(group);
 }
@@ -225,7 +222,7 @@ StepReport StepSchedule::apply(float lr) {
       default: MOP_CHECK(false, "a step's update cannot run ", action_name(a.kind));
     }
   }
-  if (updating) grads_zeroed_ = true;
+  if (updating && !params_.sliced()) grads_zeroed_ = true;
   return r;
 }
 
