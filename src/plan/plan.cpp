@@ -87,6 +87,12 @@ int exchange_rounds(int64_t rows, int64_t tokens, int64_t top_k, int ep) {
   return rows <= 0 ? 1 : int((busiest + rows - 1) / rows);
 }
 
+const ModelLayout& Plan::local_layout() const {
+  if (!local_layout_cache)
+    local_layout_cache = std::make_shared<const ModelLayout>(ModelLayout::build(ModelDims::from(cfg, 0, ep)));
+  return *local_layout_cache;
+}
+
 int64_t Plan::state_numel(int rank, int q, int64_t numel) const {
   if (!owns(rank, q)) return 0;
   if (parallel.params[size_t(q)].kind == Sharding::Slice) return aligned_numel(parallel.slice_numel(q, numel));
@@ -260,7 +266,7 @@ void place_saved(Plan& p, const ModelDims& local_dims) {
     return;
   }
   const std::string& mode = cfg.optim.state_placement;
-  const ModelLayout local = ModelLayout::build(local_dims);
+  const ModelLayout& local = p.local_layout();
   Plan trial = p;
   if (mode != "gpu") trial.state_on_host.assign(local.params.size(), true);
   // Only the activations change from trial to trial.
@@ -339,7 +345,7 @@ void place_saved(Plan& p, const ModelDims& local_dims) {
 //              the copies land there; with several micro-batches the host sums each one's from two
 //              segments' landing buffers into them) and bf16 weights back (2).
 MemoryPlan Plan::memory_of_rank(int rank) const {
-  const ModelLayout local = ModelLayout::build(ModelDims::from(cfg, rank % ep, ep));
+  const ModelLayout& local = local_layout();  // rank % ep's experts: the same shapes
   const bool gpu = run.device != Device::CPU;
   const size_t c = dtype_size(run.compute), g = dtype_size(run.grad);
   const int segments = num_segments(dims);
@@ -397,8 +403,7 @@ MemoryPlan Plan::memory_without(Technique t) const {
   Plan q = *this;
   switch (t) {
     case Technique::Slice: {
-      const ModelLayout local = ModelLayout::build(ModelDims::from(cfg, 0, ep));
-      q.parallel = make_parallel_spec(local, cp, dp, ep, edp, cfg.parallel.zero, false);
+      q.parallel = make_parallel_spec(local_layout(), cp, dp, ep, edp, cfg.parallel.zero, false);
       break;
     }
     case Technique::StreamGrads: q.stream_grads = false; break;
@@ -503,7 +508,7 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
                     (p.ep > 1 ? ", exchange in " + std::to_string(p.moe_chunks) + " chunk(s)" : std::string()));
 
   const ModelDims local_dims = ModelDims::from(cfg, 0, p.ep);
-  const ModelLayout local = ModelLayout::build(local_dims);
+  const ModelLayout& local = p.local_layout();
   ActivationOptions& ao = p.activation_options;
   ao.max_batch = int(cfg.train.micro_batch_size);
   ao.max_seq = p.local_seq;
@@ -566,7 +571,12 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
     for (size_t q = 0; q < whole.params.size(); ++q)
       if (p.segment_on_host[size_t(param_segment(whole, int(q)))]) p.host_params += whole.params[q].numel();
   }
-  if (!any_host) p.stream_grads = false;  // nothing on the host to stream
+  // Streaming concerns the host-updated parameters that are not sliced (a sliced one's slice goes
+  // to the host as its reduce-scatter ends anyway).
+  bool whole_on_host = false;
+  for (size_t q = 0; q < p.state_on_host.size(); ++q)
+    whole_on_host |= p.state_on_host[q] && p.parallel.params[q].kind != Sharding::Slice;
+  if (!whole_on_host) p.stream_grads = false;
   if (p.run.device != Device::CPU || any_host) {
     int host_segments = 0;
     for (bool h : p.segment_on_host) host_segments += h;
@@ -591,11 +601,13 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
   } else if (par.shard == "slice") {
     p.notes.push_back("parallel.shard: slice: every parameter has one replica, nothing to slice");
   }
-  if (any_host && p.run.device != Device::CPU)
+  if (whole_on_host && p.run.device != Device::CPU)
     p.notes.push_back(std::string("gradients of host-updated segments (optim.gradients ") + cfg.optim.gradients +
                       "): " + (p.stream_grads ? "streamed to the host as each segment's backward ends (fp32, "
                                                 "every micro-batch), two segments in flight on the GPU"
                                               : "whole on the GPU, to the host once final"));
+  else if (any_host && p.run.device != Device::CPU)
+    p.notes.push_back("gradients of host-updated segments: sliced, each slice to the host once reduce-scattered");
 
   // The rank that needs the most device memory (ZeRO owners differ).
   p.memory = p.memory_of_rank(0);

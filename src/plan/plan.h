@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,10 @@ struct Plan {
   StepTime time;
   // Why a setting was chosen, in order (placement, foldings, state); printed by `mop plan`.
   std::vector<std::string> notes;
+
+  // A rank's layout (its experts; every ep rank's has the same shapes), built once per plan.
+  const ModelLayout& local_layout() const;
+  mutable std::shared_ptr<const ModelLayout> local_layout_cache;
 
   // This rank's memory (ZeRO owners hold different state per rank).
   MemoryPlan memory_of_rank(int rank) const;

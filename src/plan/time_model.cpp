@@ -442,7 +442,7 @@ void Model::layer_bwd(int l, double T) {
 
 void Model::optimizer() {
   set(kOptimizer, Phase::Backward);
-  const ModelLayout local = ModelLayout::build(ModelDims::from(p_.cfg, 0, p_.ep));
+  const ModelLayout& local = p_.local_layout();
   const int rank = p_.memory_rank;
   double grad_bytes = 0, native = 0;
   int launches = 0;
@@ -475,7 +475,7 @@ void Model::optimizer() {
 void Model::grad_sums(const std::vector<double>& segment_done, double backward_end) {
   if (p_.world == 1) return;
   set(kGradSums, Phase::Backward);
-  const ModelLayout local = ModelLayout::build(ModelDims::from(p_.cfg, 0, p_.ep));
+  const ModelLayout& local = p_.local_layout();
   const int segments = num_segments(p_.dims);
   // Per segment: all-reduced (whole) and reduce-scattered (sliced) bytes, dense and experts.
   std::vector<double> dense(size_t(segments), 0), expert(size_t(segments), 0);
@@ -504,7 +504,7 @@ void Model::grad_sums(const std::vector<double>& segment_done, double backward_e
 void Model::host_update(const std::vector<double>& fwd_segment, double until_grad_copy) {
   if (p_.host_params == 0) return;
   const HostSpec& h = p_.machine.host;
-  const ModelLayout local = ModelLayout::build(ModelDims::from(p_.cfg, 0, p_.ep));
+  const ModelLayout& local = p_.local_layout();
   const int segments = num_segments(p_.dims);
   // Per segment: the state elements updated on the host, and the gradient bytes that reach the
   // host after the last micro-batch's backward (bf16 once final; fp32 streamed or sliced).
@@ -573,7 +573,7 @@ void Model::host_update(const std::vector<double>& fwd_segment, double until_gra
 // runs while the segment before it computes (two buffers), the first of a pass exposed.
 void Model::gathers(const std::vector<double>& fwd, const std::vector<double>& bwd) {
   if (!p_.parallel.sliced()) return;
-  const ModelLayout local = ModelLayout::build(ModelDims::from(p_.cfg, 0, p_.ep));
+  const ModelLayout& local = p_.local_layout();
   const int segments = num_segments(p_.dims);
   std::vector<double> dense(size_t(segments), 0), expert(size_t(segments), 0);
   for (size_t q = 0; q < local.params.size(); ++q)
@@ -603,7 +603,7 @@ void Model::gathers(const std::vector<double>& fwd, const std::vector<double>& b
 // segment that needs a buffer waits for the buffer of the in-flight segment two before it to
 // drain — its reduce-scatter, then its copy to the host — on the side streams, per micro-batch.
 void Model::grad_drain(const std::vector<double>& bwd) {
-  const ModelLayout local = ModelLayout::build(ModelDims::from(p_.cfg, 0, p_.ep));
+  const ModelLayout& local = p_.local_layout();
   const int segments = num_segments(p_.dims);
   std::vector<double> drain(size_t(segments), 0);
   bool any = false;
@@ -708,7 +708,7 @@ StepTime Model::run() {
   // Once per step: zero the gradients, read the losses, the optimizer.
   repeat_ = 1;
   set(kOptimizer, Phase::Backward);
-  const ModelLayout local = ModelLayout::build(ModelDims::from(p_.cfg, 0, p_.ep));
+  const ModelLayout& local = p_.local_layout();
   mem(OpCategory::Other, double(p_.memory.grads), d_.copy_bw);  // the gradients the device keeps
   sync();
 
