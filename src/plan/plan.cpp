@@ -67,6 +67,44 @@ double Plan::model_flops_per_step() const {
   return model_flops_per_token(cfg) * double(tokens_per_step());
 }
 
+// The busiest rank's routed rows as a multiple of the balanced share T·k. Uniformly random tokens
+// (our benchmarks) give every rank T·k rows in expectation, and the busiest of ep ranks is within a
+// few standard deviations, √(T·k), of it: under 1% for the T·k ≥ 10^5 rows of the long-context
+// plans. Trained routers, held near balance by the load-balancing loss, run more unevenly; the
+// plan allows the busiest rank 25% over its share, so a budget of 1.25 or more takes one round.
+constexpr double kRoutingAllowance = 1.25;
+
+int64_t bounded_receive_rows(double budget, int64_t tokens, int64_t top_k, int ep) {
+  const int64_t worst = int64_t(ep) * tokens * top_k;
+  if (budget <= 0) return worst;
+  const int64_t b = std::max<int64_t>(1, int64_t(std::ceil(budget * double(tokens) * double(top_k))));
+  return std::min(b, worst);
+}
+
+int exchange_rounds(int64_t rows, int64_t tokens, int64_t top_k, int ep) {
+  const int64_t worst = int64_t(ep) * tokens * top_k;
+  const int64_t busiest = std::min<int64_t>(worst, int64_t(std::ceil(kRoutingAllowance * double(tokens * top_k))));
+  return rows <= 0 ? 1 : int((busiest + rows - 1) / rows);
+}
+
+const ModelLayout& Plan::local_layout() const {
+  if (!local_layout_cache)
+    local_layout_cache = std::make_shared<const ModelLayout>(ModelLayout::build(ModelDims::from(cfg, 0, ep)));
+  return *local_layout_cache;
+}
+
+int64_t Plan::state_numel(int rank, int q, int64_t numel) const {
+  if (!owns(rank, q)) return 0;
+  if (parallel.params[size_t(q)].kind == Sharding::Slice) return aligned_numel(parallel.slice_numel(q, numel));
+  return aligned_numel(numel);
+}
+
+bool Plan::grads_in_flight(int q) const {
+  if (run.device == Device::CPU) return false;
+  if (parallel.params[size_t(q)].kind == Sharding::Slice) return micro_batches == 1;
+  return stream_grads && !state_on_host.empty() && state_on_host[size_t(q)];
+}
+
 namespace {
 
 std::string count_text(double n) {
@@ -74,6 +112,12 @@ std::string count_text(double n) {
   if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", n / 1e9);
   else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
   else std::snprintf(buf, sizeof buf, "%.0f", n);
+  return buf;
+}
+
+std::string number_text(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", x);
   return buf;
 }
 
@@ -96,10 +140,84 @@ int device_comms(const Plan& p) {
   return n;
 }
 
-// Optimizer-state placement per segment. auto: everything on the host costs 2 bytes per
-// parameter on the device (bf16 gradient staging); moving a segment's state to the device costs
-// 10 more. Segments move in the order the next forward needs them (embedding, layer 0, …), whose
-// host updates would be exposed first, while the device has room (less its reserve).
+// Until plan/activations.cpp sizes the expert exchange by parallel.moe.exchange_budget, the plan
+// resizes the exchange's row buffers itself: every slot of ep × chunk × k rows (the worst case)
+// to the budget's rows. Once the layout has the budget's rows this finds no such slot and adds
+// nothing. Returns the bytes saved on the device, by component.
+std::array<size_t, kNumComponents> exchange_budget_saving(const Plan& p) {
+  std::array<size_t, kNumComponents> saved{};
+  if (p.ep <= 1 || p.cfg.parallel.moe.exchange_budget <= 0) return saved;
+  const ActivationLayout& L = p.activations;
+  const ActivationOptions& o = p.activation_options;
+  const int64_t C = o.chunk_tokens(int64_t(o.max_batch) * o.max_seq), k = p.dims.top_k;
+  const int64_t worst = int64_t(p.ep) * C * k;
+  const int64_t rows = bounded_receive_rows(p.cfg.parallel.moe.exchange_budget, C, k, p.ep);
+  if (rows >= worst) return saved;
+  auto resize = [&](int slot) {
+    if (slot < 0) return;
+    const BufferSpec& b = L.device[size_t(slot)];
+    if (b.shape.ndim != 2 || b.shape.shape[0] != worst) return;
+    const size_t row = size_t(b.shape.shape[1]) * dtype_size(b.shape.dtype);
+    saved[size_t(b.component)] += size_t(worst - rows) * row;
+  };
+  for (const ActSlots& a : L.sets) resize(a.gu), resize(a.h), resize(a.xp_local), resize(a.yp_local);
+  const SharedSlots& sh = L.shared;
+  resize(sh.dh), resize(sh.dgu), resize(sh.dyp_local), resize(sh.dxp_local), resize(sh.dispatch_scratch);
+  return saved;
+}
+
+// Moving a segment's optimizer state from the host to the device, per segment: what it costs the
+// device and saves the host (rank 0). Everything on the host costs 2 bytes per parameter on the
+// device (bf16 gradient staging, in `need`); moving a segment's state costs 10 more per element.
+// With sliced parameters or streamed gradients the host-updated segments cost the device nothing
+// of their own (their gradients are in flight); moving one costs its state (12 bytes per element
+// the rank keeps) and the gradients it then keeps on the device: the slice's (4 bytes per slice
+// element) or, streamed, the whole parameter's. The host saves the state and its staging.
+struct StateMoves {
+  std::vector<double> device_cost, host_saving;
+  double need = 0;  // device bytes of the all-on-host placement not in the caller's `used`
+};
+
+StateMoves state_moves(const Plan& p, const ModelLayout& local) {
+  const int segments = num_segments(p.dims);
+  const bool moving = p.parallel.sliced() || p.stream_grads;
+  const double c = double(dtype_size(p.run.compute));
+  StateMoves m;
+  m.device_cost.assign(size_t(segments), 0), m.host_saving.assign(size_t(segments), 0);
+  for (int q = 0; q < int(local.params.size()); ++q) {
+    const int64_t n = local.params[q].numel();
+    const size_t s = size_t(param_segment(local, q));
+    const double state = double(p.state_numel(0, q, n));
+    if (!moving) {
+      m.device_cost[s] += 10.0 * double(aligned_numel(n));
+      m.need += 2.0 * double(aligned_numel(n));
+      m.host_saving[s] += 12.0 * state + 4.0 * double(aligned_numel(n));
+    } else if (p.parallel.params[size_t(q)].kind == Sharding::Slice) {
+      m.device_cost[s] += 16.0 * state;
+      m.host_saving[s] += (12.0 + 4.0 + c) * state;
+    } else {
+      m.device_cost[s] += 12.0 * state + 4.0 * double(aligned_numel(n));
+      m.host_saving[s] += (12.0 + 4.0 + c) * state;
+    }
+  }
+  return m;
+}
+
+// How many segments' state moves to the device (a prefix in forward order, whose host updates
+// would be exposed first) with `free` device bytes, and the host bytes that saves.
+int segments_moved(const StateMoves& m, double free, double* host_saved = nullptr) {
+  double need = m.need, saved = 0;
+  int s = 0;
+  for (; s < int(m.device_cost.size()) && need + m.device_cost[size_t(s)] <= free; ++s)
+    need += m.device_cost[size_t(s)], saved += m.host_saving[size_t(s)];
+  if (host_saved) *host_saved = saved;
+  return s;
+}
+
+// Optimizer-state placement per segment. auto: as many segments on the device as fit (less its
+// reserve), in forward order (state_moves). `device_used`: the device memory besides the state
+// and staging, or with sliced parameters or streamed gradients all of it with every segment's
+// state on the host.
 std::vector<bool> place_state(Plan& p, const ModelLayout& local, size_t device_used) {
   const int segments = num_segments(p.dims);
   const std::string& mode = p.cfg.optim.state_placement;
@@ -111,17 +229,10 @@ std::vector<bool> place_state(Plan& p, const ModelLayout& local, size_t device_u
   }
   if (mode == "gpu") return std::vector<bool>(size_t(segments), false);
   if (mode == "host") return std::vector<bool>(size_t(segments), true);
-  std::vector<double> elems(size_t(segments), 0);
-  for (int q = 0; q < int(local.params.size()); ++q)
-    elems[size_t(param_segment(local, q))] += double(aligned_numel(local.params[q].numel()));
   const double free = p.machine.device.memory_bytes - p.machine.device.reserve_bytes - double(device_used);
-  double need = 0;
-  for (double e : elems) need += 2.0 * e;
+  const int moved = segments_moved(state_moves(p, local), free);
   std::vector<bool> on_host(size_t(segments), true);
-  for (int s = 0; s < segments && need + 10.0 * elems[size_t(s)] <= free; ++s) {
-    on_host[size_t(s)] = false;
-    need += 10.0 * elems[size_t(s)];
-  }
+  for (int s = 0; s < moved; ++s) on_host[size_t(s)] = false;
   return on_host;
 }
 
@@ -155,18 +266,35 @@ void place_saved(Plan& p, const ModelDims& local_dims) {
     return;
   }
   const std::string& mode = cfg.optim.state_placement;
-  const ModelLayout local = ModelLayout::build(local_dims);
+  const ModelLayout& local = p.local_layout();
   Plan trial = p;
   if (mode != "gpu") trial.state_on_host.assign(local.params.size(), true);
   // Only the activations change from trial to trial.
   trial.activations = plan_activations(local_dims, trial.activation_options);
   const MemoryPlan base = trial.memory_of_rank(0);
+  // auto: the state that placement then moves to the device (as much as the device has room
+  // for) relieves the host.
+  const bool moving = p.parallel.sliced() || p.stream_grads;
+  const StateMoves moves = mode == "auto" ? state_moves(trial, local) : StateMoves{};
+  const double capacity = p.machine.device.memory_bytes - p.machine.device.reserve_bytes;
   auto fits = [&](int keep, int host) {
     trial.activation_options.keep_attention = keep, trial.activation_options.host_layers = host;
-    const ActivationLayout act = plan_activations(local_dims, trial.activation_options);
+    trial.activations = plan_activations(local_dims, trial.activation_options);
     trial.memory = base;
-    trial.memory.activations = act.device_bytes();
-    trial.memory.host_activations = act.host_bytes();
+    size_t budget_saved = 0;
+    for (size_t b : exchange_budget_saving(trial)) budget_saved += b;
+    trial.memory.activations = trial.activations.device_bytes() - budget_saved;
+    trial.memory.host_activations = trial.activations.host_bytes();
+    if (mode == "auto") {
+      const MemoryPlan& t = trial.memory;
+      const double used = moving ? double(t.device_total())
+                                 : double(t.device_total() - t.optimizer_state - t.host_grad_staging);
+      double saved = 0;
+      segments_moved(moves, capacity - used, &saved);
+      const double from_state = std::min(saved, double(t.host_optimizer_state));
+      trial.memory.host_optimizer_state -= size_t(from_state);
+      trial.memory.host_staging -= size_t(std::min(saved - from_state, double(t.host_staging)));
+    }
     return plan_overflow(trial).empty();
   };
   const int keep_hi = pin_keep >= 0 ? pin_keep : (can_keep ? L : 0), keep_lo = pin_keep >= 0 ? pin_keep : 0;
@@ -207,47 +335,97 @@ void place_saved(Plan& p, const ModelDims& local_dims) {
 
 }  // namespace
 
+// Per parameter q of the rank's layout (n elements, a aligned, k its slice when sliced):
+//   weights    compute dtype: a, or k sliced (+ the two gathered segments' sliced parameters whole);
+//   gradients  grad dtype: a, or in flight (the two segments being reduced or streamed, whole),
+//              + k for a sliced parameter whose state is on the device (its reduce-scattered slice);
+//   state      fp32 master, m, v (12 bytes) of what the rank owns, on the device or the host;
+//   staging    host-updated and not streamed: bf16 gradients on the device (2 bytes), bf16
+//              gradients and weights pinned (4); streamed or sliced: fp32 gradients pinned (4,
+//              the copies land there; with several micro-batches the host sums each one's from two
+//              segments' landing buffers into them) and bf16 weights back (2).
 MemoryPlan Plan::memory_of_rank(int rank) const {
-  const ModelLayout local = ModelLayout::build(ModelDims::from(cfg, rank % ep, ep));
+  const ModelLayout& local = local_layout();  // rank % ep's experts: the same shapes
   const bool gpu = run.device != Device::CPU;
+  const size_t c = dtype_size(run.compute), g = dtype_size(run.grad);
+  const int segments = num_segments(dims);
   MemoryPlan m;
-  // Sliced parameters: the store's slices and gather slots, and state for the slices only.
-  std::unique_ptr<ParamStore> sliced;
-  if (parallel.sliced()) {
+  int64_t w_elems = 0, g_elems = 0, native = 0, host = 0, staged = 0, staged_cpu = 0, streamed = 0;
+  std::vector<int64_t> gathered(size_t(segments), 0), in_flight(size_t(segments), 0);
+  for (size_t q = 0; q < local.params.size(); ++q) {
+    const int64_t n = local.params[q].numel(), a = aligned_numel(n);
+    const bool sliced = parallel.params[q].kind == Sharding::Slice;
+    const int64_t k = sliced ? aligned_numel(parallel.slice_numel(int(q), n)) : a;
+    const int seg = param_segment(local, int(q));
+    const bool on_host = !state_on_host.empty() && state_on_host[q];
+    w_elems += k;
+    if (sliced) gathered[size_t(seg)] += a;
+    if (grads_in_flight(int(q))) in_flight[size_t(seg)] += a; else g_elems += a;
+    if (sliced && !on_host) g_elems += k;
+    const int64_t state = state_numel(rank, int(q), n);
+    if (state == 0) continue;
+    (on_host ? host : native) += state;
+    if (!on_host) continue;
+    if (gpu && (sliced || grads_in_flight(int(q)))) streamed += state;
+    else staged += (n + 63) / 64 * 64, staged_cpu += n;
+  }
+  auto two_largest = [](std::vector<int64_t> v) {  // the two segments in flight at a time
+    std::sort(v.rbegin(), v.rend());
+    return v.size() > 1 ? v[0] + v[1] : v.empty() ? 0 : v[0];
+  };
+  m.weights = size_t(w_elems + two_largest(gathered)) * c;
+  m.grads = size_t(g_elems + two_largest(in_flight)) * g;
+  if (parallel.sliced() && !stream_grads) {
+    // What the step runs: the parameter store's slices and gather slots (model/params.h: two
+    // slots of the largest segment, a tied embedding's own, a one-replica parameter in place),
+    // every slice's gradients on the device, host-updated slices through the plain host pipeline.
     ParamSlices slices;
     for (int q = 0; q < int(local.params.size()); ++q)
       slices.n.push_back(parallel.group_size(q)), slices.index.push_back(parallel.replica_index(rank, q));
     slices.pool_grads = micro_batches == 1;
     slices.allocate = false;
-    sliced = std::make_unique<ParamStore>(local, run.compute, run.grad, MemKind::Host, std::move(slices));
+    const ParamStore store(local, run.compute, run.grad, MemKind::Host, std::move(slices));
+    m.weights = store.weight_bytes(), m.grads = store.grad_bytes();
+    staged = staged_cpu = streamed = 0;
+    for (int q = 0; q < int(local.params.size()); ++q)
+      if (!state_on_host.empty() && state_on_host[size_t(q)] && owns(rank, q))
+        staged += aligned_numel(store.slice_numel(q)), staged_cpu += store.slice_numel(q);
   }
-  int64_t elems = 0, native = 0, host = 0, staged = 0, staged_cpu = 0;
-  for (size_t q = 0; q < local.params.size(); ++q) {
-    const int64_t n = sliced ? sliced->slice_numel(int(q)) : local.params[q].numel(), a = aligned_numel(n);
-    elems += a;
-    const bool on_host = !state_on_host.empty() && state_on_host[q];
-    if (!owns(rank, int(q))) continue;
-    (on_host ? host : native) += a;
-    if (on_host) staged += (n + 63) / 64 * 64, staged_cpu += n;
-  }
-  m.weights = sliced ? sliced->weight_bytes() : size_t(elems) * dtype_size(run.compute);
-  m.grads = sliced ? sliced->grad_bytes() : size_t(elems) * dtype_size(run.grad);
   m.optimizer_state = size_t(native) * 3 * sizeof(float) + local.params.size() * dtype_size(acc_dtype(run.grad));
   m.host_optimizer_state = size_t(host) * 3 * sizeof(float);
   if (gpu) {
     m.host_grad_staging = size_t(staged) * 2;  // bf16 on the device; bf16 gradients and weights pinned
-    m.host_staging = size_t(staged) * 4;
+    m.host_staging = size_t(staged) * 4 + size_t(streamed) * (sizeof(float) + c);
+    if (micro_batches > 1 && streamed > 0) m.host_staging += size_t(two_largest(in_flight)) * sizeof(float);
   } else {
     m.host_staging = size_t(staged_cpu) * sizeof(float);  // the gradients copied aside
   }
   m.activations = activations.device_bytes();
   m.activations_by_component = activations.device_by_component();
+  const std::array<size_t, kNumComponents> saved = exchange_budget_saving(*this);
+  for (int i = 0; i < kNumComponents; ++i) {
+    m.activations -= saved[size_t(i)];
+    m.activations_by_component[size_t(i)] -= saved[size_t(i)];
+  }
   m.host_activations = activations.host_bytes();
   m.workspaces = workspace_bytes(*this);
   const size_t tokens = size_t(cfg.train.micro_batch_size) * size_t(local_seq);
   m.batch = gpu ? 3 * tokens * sizeof(int32_t) : 0;
   m.comms = size_t(device_comms(*this)) * size_t(machine.device.comm_buffer_bytes);
   return m;
+}
+
+MemoryPlan Plan::memory_without(Technique t) const {
+  Plan q = *this;
+  switch (t) {
+    case Technique::Slice: {
+      q.parallel = make_parallel_spec(local_layout(), cp, dp, ep, edp, cfg.parallel.zero, false);
+      break;
+    }
+    case Technique::StreamGrads: q.stream_grads = false; break;
+    case Technique::ExchangeBudget: q.cfg.parallel.moe.exchange_budget = 0; break;
+  }
+  return q.memory_of_rank(memory_rank);
 }
 
 std::string plan_overflow(const Plan& p, std::string* what) {
@@ -266,12 +444,20 @@ std::string plan_overflow(const Plan& p, std::string* what) {
       std::string fix;
     };
     std::string act_fix = "lower data.seq_len or train.micro_batch_size, raise parallel.attention.cp";
+    if (p.ep > 1 && p.cfg.parallel.moe.exchange_budget <= 0)
+      act_fix += ", bound the expert exchange (parallel.moe.exchange_budget: 2)";
     if (!p.cfg.train.recompute) act_fix += ", or set train.recompute: true";
+    const bool slice = p.parallel.sliced();
+    std::string wg_fix = "raise parallel.moe.ep to shard the experts";
+    if (!slice && p.world > 1) wg_fix += ", set parallel.shard: slice";
+    if (p.host_params > 0 && !p.stream_grads) wg_fix += ", stream the gradients (optim.gradients: host)";
+    std::string state_fix = "set optim.state_placement: auto or host";
+    if (!slice && p.world > 1) state_fix += ", parallel.shard: slice, parallel.zero: true";
+    state_fix += ", or raise parallel.moe.ep";
     const Part parts[] = {
         {"activations", m.activations, act_fix},
-        {"weights and gradients", m.weights + m.grads, "raise parallel.moe.ep to shard the experts"},
-        {"optimizer state", m.optimizer_state + m.host_grad_staging,
-         "set optim.state_placement: auto or host, parallel.zero: true, or raise parallel.moe.ep"},
+        {"weights and gradients", m.weights + m.grads, wg_fix},
+        {"optimizer state", m.optimizer_state + m.host_grad_staging, state_fix},
         {"backend workspaces", m.workspaces, "lower train.lm_head_chunk"},
     };
     const Part* big = &parts[0];
@@ -301,12 +487,16 @@ std::string plan_overflow(const Plan& p, std::string* what) {
                 : std::string()) +
            "), but " + mc.name + " has " + fmt(host_have) + (gpu ? " to pin" : "") +
            ". To fit, raise parallel.moe.ep or use more nodes, set parallel.zero: true" +
+           (!p.parallel.sliced() && p.world > 1 ? std::string(" or parallel.shard: slice") : std::string()) +
            (gpu ? ", or keep more state on the GPU (optim.state_placement: auto or gpu)" : "");
   }
   return "";
 }
 
-Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_fit) {
+namespace {
+
+// make_plan with the gradients of host-updated segments streamed (`stream`) or not.
+Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream) {
   validate_parallel(cfg, world);
   Plan p;
   p.cfg = cfg;
@@ -334,7 +524,7 @@ Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_
                     (p.ep > 1 ? ", exchange in " + std::to_string(p.moe_chunks) + " chunk(s)" : std::string()));
 
   const ModelDims local_dims = ModelDims::from(cfg, 0, p.ep);
-  const ModelLayout local = ModelLayout::build(local_dims);
+  const ModelLayout& local = p.local_layout();
   ActivationOptions& ao = p.activation_options;
   ao.max_batch = int(cfg.train.micro_batch_size);
   ao.max_seq = p.local_seq;
@@ -345,6 +535,7 @@ Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_
   ao.compute = p.run.compute;
   ao.moe_chunk = moe_chunk(cfg, int64_t(ao.max_batch) * ao.max_seq);
   p.parallel = make_parallel_spec(local, p.cp, p.dp, p.ep, p.edp, par.zero, par.shard == "slice");
+  p.stream_grads = stream && p.run.device != Device::CPU;
   place_saved(p, local_dims);
   p.activations = plan_activations(local_dims, ao);
   {
@@ -359,9 +550,32 @@ Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_
     p.notes.push_back(note);
   }
 
+  {
+    const int64_t C = ao.chunk_tokens(int64_t(ao.max_batch) * ao.max_seq);
+    p.exchange_rows = bounded_receive_rows(par.moe.exchange_budget, C, p.dims.top_k, p.ep);
+    p.exchange_rounds = p.ep > 1 && par.moe.exchange_budget > 0
+                            ? exchange_rounds(p.exchange_rows, C, p.dims.top_k, p.ep) : 1;
+    if (p.ep > 1)
+      p.notes.push_back(
+          "expert exchange: " +
+          (par.moe.exchange_budget > 0
+               ? "receives up to " + std::to_string(p.exchange_rows) + " rows per MoE chunk of " +
+                     std::to_string(C) + " tokens (budget " + number_text(par.moe.exchange_budget) +
+                     " × tokens × top_k), " + std::to_string(p.exchange_rounds) + " round(s) expected"
+               : "buffers for the worst case (" + std::to_string(p.exchange_rows) + " rows per MoE chunk of " +
+                     std::to_string(C) + " tokens)"));
+  }
+
   // State placement needs what the device holds besides the state: plan that first.
-  MemoryPlan base = p.memory_of_rank(0);
-  const size_t used = base.weights + base.grads + base.activations + base.workspaces + base.batch + base.comms;
+  size_t used = 0;
+  if (p.parallel.sliced() || p.stream_grads) {
+    Plan trial = p;
+    trial.state_on_host.assign(local.params.size(), true);
+    used = trial.memory_of_rank(0).device_total();
+  } else {
+    const MemoryPlan base = p.memory_of_rank(0);
+    used = base.weights + base.grads + base.activations + base.workspaces + base.batch + base.comms;
+  }
   p.segment_on_host = place_state(p, local, used);
   const bool any_host = std::find(p.segment_on_host.begin(), p.segment_on_host.end(), true) !=
                         p.segment_on_host.end();
@@ -373,6 +587,12 @@ Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_
     for (size_t q = 0; q < whole.params.size(); ++q)
       if (p.segment_on_host[size_t(param_segment(whole, int(q)))]) p.host_params += whole.params[q].numel();
   }
+  // Streaming concerns the host-updated parameters that are not sliced (a sliced one's slice goes
+  // to the host as its reduce-scatter ends anyway).
+  bool whole_on_host = false;
+  for (size_t q = 0; q < p.state_on_host.size(); ++q)
+    whole_on_host |= p.state_on_host[q] && p.parallel.params[q].kind != Sharding::Slice;
+  if (!whole_on_host) p.stream_grads = false;
   if (p.run.device != Device::CPU || any_host) {
     int host_segments = 0;
     for (bool h : p.segment_on_host) host_segments += h;
@@ -382,17 +602,61 @@ Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_
                       " parameters, all ranks)");
   }
 
+  if (p.parallel.sliced()) {
+    int64_t dense = 0, experts = 0;
+    for (size_t q = 0; q < p.parallel.params.size(); ++q)
+      if (p.parallel.params[q].kind == Sharding::Slice)
+        ++(p.parallel.params[q].group == ReplicaGroup::Edp ? experts : dense);
+    p.notes.push_back("parameters sliced (parallel.shard: slice): " + std::to_string(dense) +
+                      " dense over cp × dp = " + std::to_string(p.cp * p.dp) + ", " + std::to_string(experts) +
+                      " expert tensors over dp " + std::to_string(p.edp) +
+                      (p.edp == 1 ? " (one replica: whole)" : "") +
+                      "; each segment gathered before its forward and backward, two in flight; gradients " +
+                      (p.micro_batches == 1 ? "reduce-scattered as each segment's backward ends"
+                                            : "summed whole over the micro-batches, reduce-scattered after the last"));
+  } else if (par.shard == "slice") {
+    p.notes.push_back("parallel.shard: slice: every parameter has one replica, nothing to slice");
+  }
+  if (whole_on_host && p.run.device != Device::CPU)
+    p.notes.push_back(std::string("gradients of host-updated segments (optim.gradients ") + cfg.optim.gradients +
+                      "): " + (p.stream_grads ? "streamed to the host as each segment's backward ends (fp32, "
+                                                "every micro-batch), two segments in flight on the GPU"
+                                              : "whole on the GPU, to the host once final"));
+  else if (any_host && p.run.device != Device::CPU)
+    p.notes.push_back("gradients of host-updated segments: sliced, each slice to the host once reduce-scattered");
+
   // The rank that needs the most device memory (ZeRO owners differ).
   p.memory = p.memory_of_rank(0);
   for (int r = 1; r < world && p.parallel.zero1(); ++r) {
     MemoryPlan m = p.memory_of_rank(r);
     if (m.device_total() > p.memory.device_total()) p.memory = m, p.memory_rank = r;
   }
+  p.time = predict_step_time(p);
+  return p;
+}
+
+}  // namespace
+
+Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_fit) {
+  const std::string& g = cfg.optim.gradients;
+  MOP_USER_CHECK(g != "host" || cfg.optim.state_placement != "gpu",
+                 "optim.gradients: host streams the gradients of the segments whose optimizer state is on "
+                 "the host, but optim.state_placement: gpu keeps every segment's on the GPU; use "
+                 "optim.gradients: auto or gpu, or optim.state_placement: auto or host");
+  Plan p = plan_with(cfg, machine, world, g == "host");
+  MOP_USER_CHECK(g != "host" || p.run.device != Device::CPU,
+                 "optim.gradients: host streams gradients from the GPU; on the CPU backend they are in "
+                 "host memory already: use optim.gradients: auto or gpu");
+  if (g == "auto" && p.host_params > 0 && p.run.device != Device::CPU) {
+    // Streamed when only that fits, or when it is not slower.
+    Plan s = plan_with(cfg, machine, world, true);
+    const bool fits = plan_overflow(p).empty(), fits_s = plan_overflow(s).empty();
+    if (s.stream_grads && ((fits_s && !fits) || (fits_s == fits && s.time.step <= p.time.step))) p = std::move(s);
+  }
   if (check_fit) {
     const std::string overflow = plan_overflow(p);
     MOP_USER_CHECK(overflow.empty(), overflow);
   }
-  p.time = predict_step_time(p);
   return p;
 }
 

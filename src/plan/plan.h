@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,9 @@ bool use_ring_attention(const std::string& impl, int64_t num_heads, int64_t num_
 
 // Memory of one rank by tensor class (bytes).
 struct MemoryPlan {
-  // On the ops device (the GPU; on CPU runs host memory like the rest).
+  // On the ops device (the GPU; on CPU runs host memory like the rest). With sliced parameters
+  // `weights` includes the gathered weights of the two segments in flight; with sliced or
+  // streamed gradients `grads` includes the two in-flight segments' whole gradients.
   size_t weights = 0, grads = 0;
   size_t optimizer_state = 0;    // fp32 master, m, v kept with the backend, and the norm slots
   size_t host_grad_staging = 0;  // device side of the host-updated parameters' gradient copies
@@ -75,6 +78,14 @@ struct Plan {
   ParallelSpec parallel;
   int64_t host_params = 0;  // parameters whose state is in host memory (all ranks' owners)
 
+  // The issue-27 techniques as planned: sliced parameters (parallel.shard: slice, in `parallel`),
+  // host-updated segments' gradients streamed to the host (optim.gradients host, or auto's
+  // choice), and the bounded expert exchange: exchange_rows rows received per MoE chunk (0: the
+  // worst case), taken in exchange_rounds rounds under the plan's routing allowance.
+  bool stream_grads = false;
+  int64_t exchange_rows = 0;
+  int exchange_rounds = 1;
+
   ActivationOptions activation_options;  // what the model's arena is laid out for
   ActivationLayout activations;
   MemoryPlan memory;  // of the rank that needs the most device memory
@@ -83,8 +94,21 @@ struct Plan {
   // Why a setting was chosen, in order (placement, foldings, state); printed by `mop plan`.
   std::vector<std::string> notes;
 
+  // A rank's layout (its experts; every ep rank's has the same shapes), built once per plan.
+  const ModelLayout& local_layout() const;
+  mutable std::shared_ptr<const ModelLayout> local_layout_cache;
+
   // This rank's memory (ZeRO owners hold different state per rank).
   MemoryPlan memory_of_rank(int rank) const;
+  // The memory of rank `memory_rank` were one technique switched off, all else as planned
+  // (`mop plan`'s "what each technique saved").
+  enum class Technique { Slice, StreamGrads, ExchangeBudget };
+  MemoryPlan memory_without(Technique t) const;
+  // Per rank and parameter q (of the rank's layout): elements of its optimizer state on this
+  // rank (0 when another replica owns it; the slice when sliced), and whether its gradients live
+  // on the device only while its segment is in flight (sliced with one micro-batch, or streamed).
+  int64_t state_numel(int rank, int q, int64_t numel) const;
+  bool grads_in_flight(int q) const;
   // Whether `rank` keeps parameter p's optimizer state (and updates it).
   bool owns(int rank, int p) const { return parallel.owns(rank, p); }
   // Tokens per optimizer step (all ranks) and the model FLOPs of one step.
@@ -99,6 +123,13 @@ Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_
 // Why the plan does not fit ("" when it does); `what` gets the memory and its largest class,
 // e.g. "cuda memory: activations", or "host memory".
 std::string plan_overflow(const Plan& plan, std::string* what = nullptr);
+
+// Rows a rank receives per MoE chunk of `tokens` tokens under parallel.moe.exchange_budget
+// `budget` (0: the worst case ep × tokens × top_k): max(1, ceil(budget × tokens × top_k)), at most
+// the worst case. The same formula as the activations' receive buffers (plan/activations.h).
+int64_t bounded_receive_rows(double budget, int64_t tokens, int64_t top_k, int ep);
+// Rounds a rank takes to receive its rows within `rows` (see kRoutingAllowance in plan.cpp).
+int exchange_rounds(int64_t rows, int64_t tokens, int64_t top_k, int ep);
 
 // Model FLOPs per token: 6·N_active + 6·S·heads·head_dim·layers (causal attention forward and
 // backward), the MFU numerator.

@@ -43,19 +43,30 @@ struct CompMemory {
 
 // Device and host memory per component: parameters (weights, gradients, the state that lives
 // there) plus the component's activations.
-std::vector<CompMemory> component_memory(const Plan& p) {
+// The weights and gradients of the segments in flight (sliced: gathered; streamed or sliced:
+// gradients) are shared by every component: `in_flight` gets them.
+std::vector<CompMemory> component_memory(const Plan& p, double* in_flight = nullptr) {
   std::vector<CompMemory> out(kNumComp);
-  const ModelLayout local = ModelLayout::build(ModelDims::from(p.cfg, 0, p.ep));
-  const double wg = double(dtype_size(p.run.compute) + dtype_size(p.run.grad));
+  const ModelLayout& local = p.local_layout();
+  const double cw = double(dtype_size(p.run.compute)), gw = double(dtype_size(p.run.grad));
+  double own = 0;
   for (size_t q = 0; q < local.params.size(); ++q) {
-    const double n = double(aligned_numel(local.params[q].numel()));
-    CompMemory& c = out[size_t(param_component(local.params[q]))];
-    c.device += n * wg;
-    if (!p.owns(p.memory_rank, int(q))) continue;
+    const int64_t numel = local.params[q].numel();
+    const double n = double(aligned_numel(numel));
+    const bool sliced = p.parallel.params[q].kind == Sharding::Slice;
+    const double k = sliced ? double(aligned_numel(p.parallel.slice_numel(int(q), numel))) : n;
     const bool host = !p.state_on_host.empty() && p.state_on_host[q];
-    (host ? c.host : c.device) += 12 * n;
-    if (host && p.run.device != Device::CPU) c.device += 2 * n, c.host += 4 * n;
+    CompMemory& c = out[size_t(param_component(local.params[q]))];
+    double wg = k * cw + (p.grads_in_flight(int(q)) ? 0 : n * gw) + (sliced && !host ? k * gw : 0);
+    c.device += wg, own += wg;
+    const double state = double(p.state_numel(p.memory_rank, int(q), numel));
+    if (state == 0) continue;
+    (host ? c.host : c.device) += 12 * state;
+    if (!host || p.run.device == Device::CPU) continue;
+    if (sliced || p.grads_in_flight(int(q))) c.host += (4 + cw) * state;
+    else c.device += 2 * n, c.host += 4 * n;
   }
+  if (in_flight) *in_flight = double(p.memory.weights + p.memory.grads) - own;
   const auto act = p.memory.activations_by_component;
   out[kAttention].device += double(act[size_t(Component::Attention)]);
   out[kRouter].device += double(act[size_t(Component::Router)]);
@@ -68,7 +79,7 @@ std::vector<CompMemory> component_memory(const Plan& p) {
 std::string placement_of(const Plan& p, int comp) {
   const ModelDims& d = p.dims;
   switch (comp) {
-    case kEmbedding: return "replicated (" + std::to_string(d.vocab) + " × " + std::to_string(d.hidden) + ")";
+    case kEmbedding: return std::string(p.parallel.sliced() ? "sliced" : "replicated") + " (" + std::to_string(d.vocab) + " × " + std::to_string(d.hidden) + ")";
     case kAttention: {
       std::string s = std::to_string(d.heads) + "/" + std::to_string(d.kv_heads) + " heads × " +
                       std::to_string(d.head_dim);
@@ -93,6 +104,16 @@ std::string placement_of(const Plan& p, int comp) {
   return "";
 }
 
+// The techniques this plan uses, as `mop plan` names them.
+std::vector<std::pair<Plan::Technique, std::string>> technique_names(const Plan& p) {
+  std::vector<std::pair<Plan::Technique, std::string>> out;
+  if (p.parallel.sliced()) out.push_back({Plan::Technique::Slice, "slicing"});
+  if (p.stream_grads) out.push_back({Plan::Technique::StreamGrads, "streaming the gradients"});
+  if (p.ep > 1 && p.cfg.parallel.moe.exchange_budget > 0)
+    out.push_back({Plan::Technique::ExchangeBudget, "the exchange budget"});
+  return out;
+}
+
 }  // namespace
 
 std::string plan_text(const Plan& p) {
@@ -106,9 +127,29 @@ std::string plan_text(const Plan& p) {
   o += "  batch: " + std::to_string(p.cfg.train.global_batch_size) + " sequences × " +
        std::to_string(p.cfg.data.seq_len) + " tokens per step; " + std::to_string(p.micro_batches) +
        " micro-batch(es) of " + std::to_string(p.cfg.train.micro_batch_size) + " per rank; recompute " +
-       (p.cfg.train.recompute ? "on" : "off") + (p.parallel.zero1() ? "; ZeRO-1" : "") + "\n\n";
+       (p.cfg.train.recompute ? "on" : "off") + (p.parallel.zero1() ? "; ZeRO-1" : "") + "\n";
+  o += "  parameters " + std::string(p.parallel.sliced() ? "sliced" : "whole") + " (parallel.shard: " +
+       p.cfg.parallel.shard + "); gradients of host-updated segments " +
+       (p.stream_grads ? "streamed" : p.parallel.sliced() && p.micro_batches == 1 ? "sliced, in flight" : "kept until final") + " (optim.gradients: " + p.cfg.optim.gradients +
+       "); expert exchange " +
+       (p.ep > 1 && p.cfg.parallel.moe.exchange_budget > 0
+            ? printf_str("bounded (parallel.moe.exchange_budget: %g, %.0f round(s))", p.cfg.parallel.moe.exchange_budget,
+                         p.exchange_rounds)
+            : std::string("for the worst case (parallel.moe.exchange_budget: 0)")) + "\n";
+  {
+    // What each technique saves this plan's device memory: the same plan with it switched off.
+    std::string saved;
+    for (const auto& [t, name] : technique_names(p)) {
+      const double without = double(p.memory_without(t).device_total());
+      saved += std::string(saved.empty() ? "" : "; ") + name + " saves " +
+               gib(without - double(p.memory.device_total())) + " (" + gib(without) + " without)";
+    }
+    if (!saved.empty()) o += "  device memory per rank: " + saved + "\n";
+  }
+  o += "\n";
 
-  const std::vector<CompMemory> mem = component_memory(p);
+  double in_flight = 0;
+  const std::vector<CompMemory> mem = component_memory(p, &in_flight);
   char line[320];
   std::snprintf(line, sizeof line, "%-16s %-50s %11s %11s %9s %9s %9s %14s\n", "component", "placement",
                 gpu ? "GPU mem" : "memory", "host mem", "forward", "backward", "recompute",
@@ -148,6 +189,10 @@ std::string plan_text(const Plan& p) {
       ao.host_layers ? double(p.activations.host_arena_bytes()) : 0, nullptr);
   row("act. gradients", "shared by the layers",
       double(p.memory.activations_by_component[size_t(Component::Gradients)]), 0, nullptr);
+  if (p.parallel.sliced() || in_flight > 0)
+    row("weight gathers", p.parallel.sliced() ? "sliced weights gathered, 2 segments in flight"
+                                              : "gradients of 2 segments in flight",
+        in_flight, 0, p.parallel.sliced() ? &p.time.of(StepComponent::Gathers) : nullptr);
   if (p.world > 1) row("gradient sums", p.cfg.parallel.overlap_grad_reduce ? "per segment, own stream" : "in turn",
                        0, 0, &p.time.of(StepComponent::GradSums));
 
@@ -204,6 +249,13 @@ Json plan_json(const Plan& p) {
   f["host_layers"] = p.activation_options.host_layers;
   f["zero"] = p.parallel.zero1();
   f["state_placement"] = p.cfg.optim.state_placement;
+  f["shard"] = p.cfg.parallel.shard;
+  f["sliced"] = p.parallel.sliced();
+  f["gradients"] = p.cfg.optim.gradients;
+  f["stream_grads"] = p.stream_grads;
+  f["exchange_budget"] = p.cfg.parallel.moe.exchange_budget;
+  f["exchange_rows"] = p.exchange_rows;
+  f["exchange_rounds"] = p.exchange_rounds;
   Json seg = Json::array();
   for (bool h : p.segment_on_host) seg.push_back(h ? "host" : "device");
   f["segment_state"] = seg;
@@ -220,6 +272,17 @@ Json plan_json(const Plan& p) {
   Json act = Json::object();
   for (int c = 0; c < kNumComponents; ++c) act[component_name(Component(c))] = m.activations_by_component[size_t(c)];
   mem["activations_by_component"] = act;
+  // The device memory per rank were each technique the plan uses switched off, and the difference.
+  Json saved = Json::object();
+  for (const auto& [t, name] : technique_names(p)) {
+    const size_t without = p.memory_without(t).device_total();
+    Json x = Json::object();
+    x["device_total_without"] = without;
+    x["saved"] = int64_t(without) - int64_t(m.device_total());
+    saved[t == Plan::Technique::Slice ? "shard_slice" : t == Plan::Technique::StreamGrads ? "stream_grads"
+                                                                                           : "exchange_budget"] = x;
+  }
+  mem["techniques"] = saved;
   j["memory"] = mem;
   const StepTime& t = p.time;
   Json time = Json::object();

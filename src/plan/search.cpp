@@ -3,6 +3,7 @@
 #include "plan/search.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -24,6 +25,19 @@ std::vector<T> one(T v) {
   return {v};
 }
 
+std::string number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+// Removes the line of `key` ("gradients:") from a dumped config.
+void erase_key(std::string& text, const std::string& key) {
+  const size_t at = text.find("  " + key);
+  if (at == std::string::npos) return;
+  text.erase(at, text.find('\n', at) - at);
+}
+
 }  // namespace
 
 SearchResult search_plans(const Config& base, const Machine& machine, int world) {
@@ -43,6 +57,11 @@ SearchResult search_plans(const Config& base, const Machine& machine, int world)
   const bool open_mb = open("train.micro_batch_size");
   const bool open_recompute = open("train.recompute");
   const bool open_state = open("optim.state_placement");
+  const bool open_shard = open("parallel.shard");
+  const bool open_grads = open("optim.gradients");
+  const bool open_budget = open("parallel.moe.exchange_budget");
+  // Streamed gradients need a GPU and state on the host.
+  const bool gpu = machine.device.kind == Device::CUDA && base.train.device != "cpu";
 
   // Attention foldings: cp × dp = world.
   std::vector<std::pair<int64_t, int64_t>> attn;
@@ -68,64 +87,91 @@ SearchResult search_plans(const Config& base, const Machine& machine, int world)
     return out;
   }
   std::set<std::string> seen;  // plans that came out the same (auto placement = gpu, …)
+  // Sliced parameters keep no owners: ZeRO is not a choice beside them.
+  struct Sharding {
+    std::string shard;
+    bool zero;
+  };
+  std::vector<Sharding> shardings;
+  for (const std::string& shard : open_shard && world > 1 ? std::vector<std::string>{"owner", "slice"}
+                                                          : one(base.parallel.shard)) {
+    if (shard == "slice" && !open_zero) shardings.push_back({shard, base.parallel.zero});
+    else if (shard == "slice") shardings.push_back({shard, true});
+    else
+      for (bool zero : open_zero && world > 1 ? std::vector<bool>{true, false} : one(base.parallel.zero))
+        shardings.push_back({shard, zero});
+  }
   for (auto [cp, dp] : attn)
     for (const std::string& impl : open_impl && cp > 1 ? std::vector<std::string>{"ulysses", "ring"}
                                                        : one(a.impl))
       for (auto [ep, edp] : moe)
         for (int64_t chunks : open_chunks && ep > 1 ? std::vector<int64_t>{1, 2, 4} : one(e.chunks))
-          for (bool zero : open_zero && world > 1 ? std::vector<bool>{true, false} : one(base.parallel.zero))
-            for (bool recompute : open_recompute ? std::vector<bool>{false, true} : one(base.train.recompute)) {
-              std::vector<int64_t> mbs;
-              if (open_mb) {
-                const int64_t per_dp = base.train.global_batch_size / dp;
-                for (int64_t mb : divisors(std::max<int64_t>(per_dp, 1)))
-                  if (mb <= 8 && base.train.global_batch_size % dp == 0) mbs.push_back(mb);
-                if (mbs.empty()) mbs.push_back(1);
-              } else {
-                mbs.push_back(base.train.micro_batch_size);
-              }
-              for (int64_t mb : mbs)
-                for (const std::string& state : open_state ? std::vector<std::string>{"auto", "gpu", "host"}
-                                                           : one(base.optim.state_placement)) {
-                  Config c = base;
-                  c.parallel.attention.cp = cp, c.parallel.attention.dp = dp;
-                  c.parallel.attention.impl = cp > 1 ? impl : a.impl;
-                  c.parallel.moe.ep = ep, c.parallel.moe.dp = edp;
-                  c.parallel.moe.chunks = ep > 1 ? chunks : e.chunks;
-                  c.parallel.zero = zero;
-                  c.train.recompute = recompute;
-                  c.train.micro_batch_size = mb;
-                  c.optim.state_placement = state;
-                  c.train.plan = "config";
-                  Candidate cand;
-                  cand.settings = "cp " + std::to_string(cp) + (cp > 1 ? " " + impl : std::string()) +
-                                  ", ep " + std::to_string(ep) +
-                                  (ep > 1 ? " chunks " + std::to_string(chunks) : std::string()) +
-                                  ", micro-batch " + std::to_string(mb) +
-                                  (recompute ? ", recompute" : "") + (world > 1 && zero ? ", zero" : "") +
-                                  ", state " + state;
-                  cand.cfg = c;
-                  try {
-                    cand.plan = make_plan(c, machine, world, /*check_fit=*/false);
-                    cand.why = plan_overflow(cand.plan, &cand.group);
-                  } catch (const UserError& err) {
-                    cand.why = err.what();
-                    cand.group = "invalid settings";
-                  }
-                  if (!cand.why.empty()) {
-                    out.rejected.push_back(std::move(cand));
-                    continue;
-                  }
-                  // The same resolved plan under another placement name (auto that put everything
-                  // on the GPU is the gpu plan) is listed once.
-                  std::string key = dump_config(c);
-                  key.erase(key.find("state_placement"), key.find('\n', key.find("state_placement")) -
-                                                             key.find("state_placement"));
-                  for (bool h : cand.plan.segment_on_host) key += h ? 'h' : 'g';
-                  if (!seen.insert(key).second) continue;
-                  out.feasible.push_back(std::move(cand));
+          for (double budget : open_budget && ep > 1 ? std::vector<double>{0, 2} : one(e.exchange_budget))
+            for (const Sharding& sh : shardings)
+              for (bool recompute : open_recompute ? std::vector<bool>{false, true} : one(base.train.recompute)) {
+                std::vector<int64_t> mbs;
+                if (open_mb) {
+                  const int64_t per_dp = base.train.global_batch_size / dp;
+                  for (int64_t mb : divisors(std::max<int64_t>(per_dp, 1)))
+                    if (mb <= 8 && base.train.global_batch_size % dp == 0) mbs.push_back(mb);
+                  if (mbs.empty()) mbs.push_back(1);
+                } else {
+                  mbs.push_back(base.train.micro_batch_size);
                 }
-            }
+                for (int64_t mb : mbs)
+                  for (const std::string& state : open_state ? std::vector<std::string>{"auto", "gpu", "host"}
+                                                             : one(base.optim.state_placement))
+                    // Sliced experts (edp > 1) leave nothing whole to stream.
+                    for (const std::string& grads : open_grads ? (gpu && state != "gpu" &&
+                                                                          !(sh.shard == "slice" && edp > 1)
+                                                                      ? std::vector<std::string>{"gpu", "host"}
+                                                                      : one(std::string("gpu")))
+                                                               : one(base.optim.gradients)) {
+                      Config c = base;
+                      c.parallel.attention.cp = cp, c.parallel.attention.dp = dp;
+                      c.parallel.attention.impl = cp > 1 ? impl : a.impl;
+                      c.parallel.moe.ep = ep, c.parallel.moe.dp = edp;
+                      c.parallel.moe.chunks = ep > 1 ? chunks : e.chunks;
+                      c.parallel.moe.exchange_budget = ep > 1 ? budget : e.exchange_budget;
+                      c.parallel.zero = sh.zero;
+                      c.parallel.shard = sh.shard;
+                      c.train.recompute = recompute;
+                      c.train.micro_batch_size = mb;
+                      c.optim.state_placement = state;
+                      c.optim.gradients = grads;
+                      c.train.plan = "config";
+                      Candidate cand;
+                      cand.settings = "cp " + std::to_string(cp) + (cp > 1 ? " " + impl : std::string()) +
+                                      ", ep " + std::to_string(ep) +
+                                      (ep > 1 ? " chunks " + std::to_string(chunks) : std::string()) +
+                                      (ep > 1 && budget > 0 ? " budget " + number(budget) : std::string()) +
+                                      ", micro-batch " + std::to_string(mb) + (recompute ? ", recompute" : "") +
+                                      (sh.shard == "slice" ? ", slice" : world > 1 && sh.zero ? ", zero" : "") +
+                                      ", state " + state + (grads == "host" ? ", grads host" : "");
+                      cand.cfg = c;
+                      try {
+                        cand.plan = make_plan(c, machine, world, /*check_fit=*/false);
+                        cand.why = plan_overflow(cand.plan, &cand.group);
+                      } catch (const UserError& err) {
+                        cand.why = err.what();
+                        cand.group = "invalid settings";
+                      }
+                      if (!cand.why.empty()) {
+                        out.rejected.push_back(std::move(cand));
+                        continue;
+                      }
+                      // The same resolved plan under another name (auto placement that put
+                      // everything on the GPU is the gpu plan; streaming with nothing on the host
+                      // is not streaming) is listed once.
+                      std::string key = dump_config(c);
+                      erase_key(key, "state_placement:");
+                      erase_key(key, "gradients:");
+                      for (bool h : cand.plan.segment_on_host) key += h ? 'h' : 'g';
+                      key += cand.plan.stream_grads ? 's' : 'w';
+                      if (!seen.insert(key).second) continue;
+                      out.feasible.push_back(std::move(cand));
+                    }
+              }
   std::stable_sort(out.feasible.begin(), out.feasible.end(), [](const Candidate& x, const Candidate& y) {
     return x.plan.time.step < y.plan.time.step;
   });

@@ -98,6 +98,12 @@ class Model {
   double send_recv(double bytes, Group g) const {
     return collective(bytes, g, l_.node_send_recv, l_.net_send_recv, 1.0);
   }
+  // All-gather and reduce-scatter of `bytes` (the whole tensor) per rank: a ring all-reduce is one
+  // of each, so their bus bandwidth is the all-reduce's (nccl-tests' busBw), half its bus bytes.
+  double all_gather(double bytes, Group g) const {
+    return collective(bytes, g, l_.node_all_reduce, l_.net_all_reduce, double(g.size - 1) / g.size);
+  }
+  double reduce_scatter(double bytes, Group g) const { return all_gather(bytes, g); }
   // A collective on the compute stream: all of it exposed.
   void exposed_comm(double seconds) {
     charge(OpCategory::Communication, seconds);
@@ -133,6 +139,9 @@ class Model {
   bool chunked(double T) const { return chunk(T) < T; }
   void optimizer();
   void grad_sums(const std::vector<double>& segment_backward_end, double backward_end);
+  void gathers(const std::vector<double>& fwd, const std::vector<double>& bwd);
+  void grad_drain(const std::vector<double>& bwd);
+  bool sliced(size_t q) const { return p_.parallel.params[q].kind == Sharding::Slice; }
   void host_update(const std::vector<double>& fwd_segment, double step_compute_before_copy);
   void set(int component, Phase phase) { component_ = component, phase_ = phase; }
 
@@ -147,11 +156,12 @@ class Model {
   Phase phase_ = Phase::Forward;
 };
 
-enum Comp { kEmbedding, kAttention, kRouter, kExperts, kDenseFfn, kLmHead, kOptimizer, kGradSums };
+enum Comp { kEmbedding, kAttention, kRouter, kExperts, kDenseFfn, kLmHead, kOptimizer, kGradSums, kGathers };
 constexpr int kNumComp = kNumStepComponents;
 const char* kCompNames[kNumComp] = {"embedding", "attention", "router", "experts", "dense FFN",
-                                    "LM head + loss", "optimizer", "gradient sums"};
-static_assert(int(StepComponent::GradSums) == kGradSums && int(StepComponent::Experts) == kExperts);
+                                    "LM head + loss", "optimizer", "gradient sums", "weight gathers"};
+static_assert(int(StepComponent::GradSums) == kGradSums && int(StepComponent::Experts) == kExperts &&
+              int(StepComponent::Gathers) == kGathers);
 
 // The Ulysses exchange of `times` tensors of `width` elements per token: a gather, an all-to-all
 // on the compute stream and a gather each.
@@ -265,7 +275,9 @@ void Model::experts(double T, bool backward) {
   const ModelDims& d = p_.dims;
   const double H = double(d.hidden), F = double(d.expert_ffn), K = double(d.top_k);
   const double rows = T * K;  // balanced routing: every rank receives as many rows as it sends
-  const double call = chunk(T) * K, chunks = T / chunk(T);  // a chunked block: per chunk
+  // A bounded exchange taking r rounds runs the grouped GEMMs r times on a round's rows each.
+  const double rounds = p_.ep > 1 ? double(std::max(1, p_.exchange_rounds)) : 1.0;
+  const double call = chunk(T) * K / rounds, chunks = T / chunk(T);  // a chunked block: per chunk
   double exchange = 0;
   double slowdown = 1;
   if (p_.ep > 1) {
@@ -278,6 +290,10 @@ void Model::experts(double T, bool backward) {
     mem(OpCategory::Experts, op_bytes::swiglu(rows, F, c_, false), d_.swiglu_bw);
     grouped(rows, H, F, Pass::Fwd, slowdown, call);
   } else {
+    if (rounds > 1) {  // only the last round's gate/up outputs are kept: the others again
+      grouped(rows, 2 * F, H, Pass::Fwd, slowdown, call);
+      mem(OpCategory::Experts, op_bytes::swiglu(rows, F, c_, false), d_.swiglu_bw);
+    }
     grouped(rows, F, H, Pass::Dgrad, slowdown, call);
     grouped(rows, H, F, Pass::Wgrad, slowdown, call);
     mem(OpCategory::Experts, op_bytes::swiglu(rows, F, c_, true), d_.swiglu_bw);
@@ -289,6 +305,8 @@ void Model::experts(double T, bool backward) {
     // Gathers into and out of expert-major order, and the counts' host all-to-all (forward).
     mem(OpCategory::RouterPermute, 2 * op_bytes::gather(rows, H, c_), d_.permute_bw);
     if (!backward) exposed_comm(chunks * (l_.node_latency + d_.sync_seconds));
+    // Each further round is its own dispatch and combine: their latency and the round's counts.
+    if (rounds > 1) exposed_comm((rounds - 1) * chunks * (l_.node_latency + d_.sync_seconds));
     const double c = std::min<double>(p_.moe_chunks, double(d.experts / p_.ep));
     const double exposed = exchange / c + std::max(0.0, exchange * (1 - 1 / c) - experts_time);
     overlapped_comm(exchange, exposed);
@@ -424,15 +442,17 @@ void Model::layer_bwd(int l, double T) {
 
 void Model::optimizer() {
   set(kOptimizer, Phase::Backward);
-  const ModelLayout local = ModelLayout::build(ModelDims::from(p_.cfg, 0, p_.ep));
+  const ModelLayout& local = p_.local_layout();
   const int rank = p_.memory_rank;
   double grad_bytes = 0, native = 0;
   int launches = 0;
   for (size_t q = 0; q < local.params.size(); ++q) {
-    const double n = double(local.params[q].numel());
-    grad_bytes += n * double(dtype_size(p_.run.grad));
+    const int64_t n = local.params[q].numel();
+    // A sliced parameter's norm and update run on its slice.
+    const double k = sliced(q) ? double(p_.parallel.slice_numel(int(q), n)) : double(n);
+    grad_bytes += k * double(dtype_size(p_.run.grad));
     const bool host = !p_.state_on_host.empty() && p_.state_on_host[q];
-    if (p_.owns(rank, int(q)) && !host) native += n, ++launches;
+    if (p_.owns(rank, int(q)) && !host) native += k, ++launches;
   }
   // Σg² per parameter, the norms to the host, AdamW (+ the cast) on the device-held state:
   // master, m, v read and written, the gradient read, the compute weights written.
@@ -455,16 +475,22 @@ void Model::optimizer() {
 void Model::grad_sums(const std::vector<double>& segment_done, double backward_end) {
   if (p_.world == 1) return;
   set(kGradSums, Phase::Backward);
-  const ModelLayout local = ModelLayout::build(ModelDims::from(p_.cfg, 0, p_.ep));
+  const ModelLayout& local = p_.local_layout();
   const int segments = num_segments(p_.dims);
+  // Per segment: all-reduced (whole) and reduce-scattered (sliced) bytes, dense and experts.
   std::vector<double> dense(size_t(segments), 0), expert(size_t(segments), 0);
-  for (size_t q = 0; q < local.params.size(); ++q)
-    (p_.parallel.params[q].group == ReplicaGroup::Edp ? expert : dense)[size_t(param_segment(local, int(q)))] +=
-        double(local.params[q].numel()) * double(dtype_size(p_.run.grad));
+  std::vector<double> dense_rs(size_t(segments), 0), expert_rs(size_t(segments), 0);
+  for (size_t q = 0; q < local.params.size(); ++q) {
+    const bool edp = p_.parallel.params[q].group == ReplicaGroup::Edp;
+    auto& into = sliced(q) ? (edp ? expert_rs : dense_rs) : (edp ? expert : dense);
+    into[size_t(param_segment(local, int(q)))] += double(local.params[q].numel()) * double(dtype_size(p_.run.grad));
+  }
   double stream_free = 0, total = 0;
   // Backward finishes the segments from the last to the first.
   for (int s = segments - 1; s >= 0; --s) {
-    const double t = all_reduce(dense[size_t(s)], world_group_) + all_reduce(expert[size_t(s)], edp_group_);
+    const double t = all_reduce(dense[size_t(s)], world_group_) + all_reduce(expert[size_t(s)], edp_group_) +
+                     reduce_scatter(dense_rs[size_t(s)], world_group_) +
+                     reduce_scatter(expert_rs[size_t(s)], edp_group_);
     total += t;
     stream_free = std::max(stream_free, segment_done[size_t(s)]) + t;
   }
@@ -478,17 +504,26 @@ void Model::grad_sums(const std::vector<double>& segment_done, double backward_e
 void Model::host_update(const std::vector<double>& fwd_segment, double until_grad_copy) {
   if (p_.host_params == 0) return;
   const HostSpec& h = p_.machine.host;
-  const ModelLayout local = ModelLayout::build(ModelDims::from(p_.cfg, 0, p_.ep));
+  const ModelLayout& local = p_.local_layout();
   const int segments = num_segments(p_.dims);
-  std::vector<double> n(size_t(segments), 0);
-  double total = 0;
-  for (size_t q = 0; q < local.params.size(); ++q)
-    if (!p_.state_on_host.empty() && p_.state_on_host[q] && p_.owns(p_.memory_rank, int(q))) {
-      n[size_t(param_segment(local, int(q)))] += double(local.params[q].numel());
-      total += double(local.params[q].numel());
-    }
+  // Per segment: the state elements updated on the host, and the gradient bytes that reach the
+  // host after the last micro-batch's backward (bf16 once final; fp32 streamed or sliced).
+  std::vector<double> n(size_t(segments), 0), last_copy(size_t(segments), 0);
+  double total = 0, copied = 0;
+  const int m = p_.micro_batches;
+  for (size_t q = 0; q < local.params.size(); ++q) {
+    if (p_.state_on_host.empty() || !p_.state_on_host[q]) continue;
+    const int64_t numel = local.params[q].numel();
+    if (!p_.owns(p_.memory_rank, int(q))) continue;
+    const double k = double(sliced(q) ? p_.parallel.slice_numel(int(q), numel) : numel);
+    const size_t s = size_t(param_segment(local, int(q)));
+    n[s] += k, total += k;
+    const double bytes = sliced(q) ? 4 * k : p_.grads_in_flight(int(q)) ? 4 * double(numel) : 2 * double(numel);
+    last_copy[s] += bytes;
+    copied += bytes * (!sliced(q) && p_.grads_in_flight(int(q)) ? m : 1);  // streamed: every micro-batch
+  }
   const bool device = p_.run.device != Device::CPU;
-  st_.grad_to_host = device ? total * 2 / l_.d2h : 0;
+  st_.grad_to_host = device ? copied / l_.d2h : 0;
   st_.weights_to_device = device ? total * 2 / l_.h2d : 0;
   // Host memory is shared with the pinned copies: calibrate measured the engine's rate beside
   // copies running both ways at full speed (adamw_under_copies); the update's own uploads (2 bytes
@@ -502,7 +537,7 @@ void Model::host_update(const std::vector<double>& fwd_segment, double until_gra
   // micro-batch runs segment s once its weights are there.
   auto exposed = [&](double rate) {
     // The embedding's gradient is the last to reach the host, and the first to be updated.
-    double ready = device ? n[0] * 2 / l_.d2h : 0;
+    double ready = device ? last_copy[0] / l_.d2h : 0;
     double clock = 0, waited = 0;
     for (int s = 0; s < segments; ++s) {
       ready += n[size_t(s)] / rate;
@@ -522,7 +557,7 @@ void Model::host_update(const std::vector<double>& fwd_segment, double until_gra
   st_.host_two_pass = p_.cfg.optim.overlap && weights + gate < one;
   if (!p_.cfg.optim.overlap) {
     st_.host_update = total / h.adamw_one_pass;
-    st_.host_exposed = st_.host_update + (device ? n[0] * 2 / l_.d2h : 0);
+    st_.host_exposed = st_.host_update + (device ? last_copy[0] / l_.d2h : 0);
   } else if (st_.host_two_pass) {
     st_.host_update = total / r_weights;
     st_.host_state = total / r_state;
@@ -531,6 +566,77 @@ void Model::host_update(const std::vector<double>& fwd_segment, double until_gra
     st_.host_update = total / r_one;
     st_.host_exposed = one;
   }
+}
+
+// Sliced parameters: each segment's weights gathered before its forward and again before its
+// backward (the last segment's stay from its forward), per micro-batch; the gather of segment s
+// runs while the segment before it computes (two buffers), the first of a pass exposed.
+void Model::gathers(const std::vector<double>& fwd, const std::vector<double>& bwd) {
+  if (!p_.parallel.sliced()) return;
+  const ModelLayout& local = p_.local_layout();
+  const int segments = num_segments(p_.dims);
+  std::vector<double> dense(size_t(segments), 0), expert(size_t(segments), 0);
+  for (size_t q = 0; q < local.params.size(); ++q)
+    if (sliced(q))
+      (p_.parallel.params[q].group == ReplicaGroup::Edp ? expert : dense)[size_t(param_segment(local, int(q)))] +=
+          double(aligned_numel(local.params[q].numel())) * c_;
+  std::vector<double> g(size_t(segments), 0);
+  for (int s = 0; s < segments; ++s)
+    g[size_t(s)] = all_gather(dense[size_t(s)], world_group_) + all_gather(expert[size_t(s)], edp_group_);
+  double total = 0, exposed = 0;
+  for (int s = 0; s < segments; ++s) {
+    total += g[size_t(s)];
+    exposed += s == 0 ? g[0] : std::max(0.0, g[size_t(s)] - fwd[size_t(s - 1)]);
+  }
+  set(kGathers, Phase::Forward);
+  overlapped_comm(total, exposed);
+  total = exposed = 0;
+  for (int s = segments - 2; s >= 0; --s) {
+    total += g[size_t(s)];
+    exposed += std::max(0.0, g[size_t(s)] - bwd[size_t(s + 1)]);
+  }
+  set(kGathers, Phase::Backward);
+  overlapped_comm(total, exposed);
+}
+
+// Gradients in flight (sliced with one micro-batch, or streamed to the host): the backward of a
+// segment that needs a buffer waits for the buffer of the in-flight segment two before it to
+// drain — its reduce-scatter, then its copy to the host — on the side streams, per micro-batch.
+void Model::grad_drain(const std::vector<double>& bwd) {
+  const ModelLayout& local = p_.local_layout();
+  const int segments = num_segments(p_.dims);
+  std::vector<double> drain(size_t(segments), 0);
+  bool any = false;
+  for (size_t q = 0; q < local.params.size(); ++q) {
+    if (!p_.grads_in_flight(int(q))) continue;
+    any = true;
+    const int64_t n = local.params[q].numel();
+    const double bytes = double(n) * double(dtype_size(p_.run.grad));
+    const bool host = !p_.state_on_host.empty() && p_.state_on_host[q];
+    double t = 0;
+    if (sliced(q)) {
+      const Group grp = p_.parallel.params[q].group == ReplicaGroup::Edp ? edp_group_ : world_group_;
+      t = reduce_scatter(bytes, grp) + (host ? double(p_.parallel.slice_numel(int(q), n)) * 4 / l_.d2h : 0);
+    } else {
+      t = bytes / l_.d2h;
+    }
+    drain[size_t(param_segment(local, int(q)))] += t;
+  }
+  if (!any) return;
+  double clock = 0, stall = 0, side = 0;
+  std::vector<double> drained;  // in-flight segments in backward order: when each buffer is free
+  for (int s = segments - 1; s >= 0; --s) {
+    const bool uses = drain[size_t(s)] > 0;
+    if (uses && drained.size() >= 2 && drained[drained.size() - 2] > clock) {
+      stall += drained[drained.size() - 2] - clock;
+      clock = drained[drained.size() - 2];
+    }
+    clock += bwd[size_t(s)];
+    if (uses) drained.push_back(side = std::max(side, clock) + drain[size_t(s)]);
+  }
+  set(kGradSums, Phase::Backward);
+  charge(OpCategory::Communication, stall);
+  st_.grad_drain_exposed += stall * repeat_;
 }
 
 StepTime Model::run() {
@@ -588,14 +694,22 @@ StepTime Model::run() {
     mem(OpCategory::Other, op_bytes::embedding(T, H, c_, true), d_.embedding_bw);
   });
   offload(fwd, bwd, T);
+  gathers(fwd, bwd);
+  {
+    // Sliced gradients are in flight in the one micro-batch's backward; streamed ones in every one.
+    const double keep = repeat_;
+    bool streamed = false;
+    for (size_t q = 0; q < p_.parallel.params.size(); ++q) streamed |= !sliced(q) && p_.grads_in_flight(int(q));
+    repeat_ = streamed ? m : 1;
+    grad_drain(bwd);
+    repeat_ = keep;
+  }
 
   // Once per step: zero the gradients, read the losses, the optimizer.
   repeat_ = 1;
   set(kOptimizer, Phase::Backward);
-  const ModelLayout local = ModelLayout::build(ModelDims::from(p_.cfg, 0, p_.ep));
-  double grad_elems = 0;
-  for (const ParamDef& q : local.params) grad_elems += double(aligned_numel(q.numel()));
-  mem(OpCategory::Other, grad_elems * double(dtype_size(p_.run.grad)), d_.copy_bw);
+  const ModelLayout& local = p_.local_layout();
+  mem(OpCategory::Other, double(p_.memory.grads), d_.copy_bw);  // the gradients the device keeps
   sync();
 
   double fwd_mb = 0, bwd_mb = 0;

@@ -11,7 +11,17 @@
 //     last combine, and slows the experts it overlaps by link.overlap_slowdown;
 //   - ring attention's K/V passes hide behind each ring step's blocks, but for the final hop;
 //   - the data-parallel gradient sums run segment by segment on their own stream during the last
-//     micro-batch's backward; what is left when backward ends is exposed;
+//     micro-batch's backward; what is left when backward ends is exposed; sliced parameters'
+//     are reduce-scattered (half an all-reduce's bytes on the wire);
+//   - sliced parameters: each segment's weights are all-gathered before its forward and again
+//     before its backward, on a side stream behind the previous segment's compute (two segments'
+//     buffers: the gather of segment s waits for s-2's release); what a gather takes beyond the
+//     compute it hides behind is exposed; the first of each pass is exposed;
+//   - gradients in flight (sliced with one micro-batch, or streamed to the host): two segments'
+//     buffers, so a segment's backward waits until the buffer of the segment two before it has
+//     drained (reduce-scattered, copied to the host);
+//   - a bounded expert exchange that takes r > 1 rounds: the backward recomputes the experts'
+//     gate/up and SwiGLU round by round, and every round is its own exchange call;
 //   - host-updated state: gradients go to the host during the last backward; the update starts
 //     once backward (and the clip norm) is done, in forward order; the next forward of a segment
 //     waits for its weights (simulated segment by segment); with two passes the state pass must
@@ -30,9 +40,9 @@ struct Plan;
 
 // The step's components, in StepTime::components' order.
 enum class StepComponent : uint8_t {
-  Embedding, Attention, Router, Experts, DenseFfn, LmHead, Optimizer, GradSums
+  Embedding, Attention, Router, Experts, DenseFfn, LmHead, Optimizer, GradSums, Gathers
 };
-constexpr int kNumStepComponents = 8;
+constexpr int kNumStepComponents = 9;
 
 // A component's share of the step (compute-stream seconds by phase, and what overlaps it).
 struct ComponentTime {
@@ -52,6 +62,7 @@ struct StepTime {
   double grad_to_host = 0, weights_to_device = 0;  // pinned copies per step (s, hidden or not)
   double comm_total = 0;    // every collective's time, hidden or not
   double offload_copies = 0, offload_exposed = 0;  // saved tensors to the host and back (s)
+  double grad_drain_exposed = 0;  // in-flight gradient buffers: backward waiting for one (s)
   double step = 0;          // predicted step time (s)
 
   const ComponentTime& of(StepComponent c) const { return components[size_t(c)]; }

@@ -110,7 +110,9 @@ expect 0 "device-update   seg [3,4)" -- plan --config good.yaml --program
 expect 0 "grads-to-host" -- plan --config good.yaml --set parallel.attention.dp=2 --set parallel.moe.dp=2 --set optim.state_placement=host --program --rank 1
 expect 2 "--rank 2: the plan has 2 rank(s), 0 to 1" -- plan --config good.yaml --set parallel.attention.dp=2 --set parallel.moe.dp=2 --program --rank 2
 expect 2 "The largest is the activations; to fit" -- plan --config "$src/configs/q3moe-8l.yaml" --set data.seq_len=131072 --set train.global_batch_size=1
-expect 2 "no plan fits" -- plan --config "$src/configs/moe-1t.yaml" --machine "$src/configs/machines/h200-12-nodes.yaml" --search --top 1
+expect 0 "slicing saves" -- plan --config "$src/configs/moe-1t.yaml" --machine "$src/configs/machines/h200-12-nodes.yaml" --search --top 1
+expect 2 "no plan fits" -- plan --config "$src/configs/moe-1t.yaml" --machine "$src/configs/machines/h200-12-nodes.yaml" --gpus 16 --search --top 1
+expect 2 "optim.gradients: host streams the gradients" -- plan --config good.yaml --set optim.gradients=host --set optim.state_placement=gpu
 expect 0 "wrote machine.yaml" -- calibrate --device cpu --out machine.yaml
 expect 0 "MFU" -- plan --config good.yaml --machine machine.yaml --set train.device=cpu
 printf 'device: {memroy_gib: 1}\n' > bad_machine.yaml
