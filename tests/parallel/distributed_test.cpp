@@ -362,47 +362,55 @@ TEST_CASE("trainer: the expert exchange in rounds equals the unbounded exchange 
            ", dp: " + std::to_string(N / ep) + ", exchange_budget: " + std::to_string(budget) + "}}\n"
            "checkpoint: {dir: " + ckpt + ", save_final: false}\n";
   };
-  for (int ep : {2, 4}) {
-    if (N % ep) continue;
-    for (const std::string extra : {std::string(), std::string(", recompute: true"),
-                                    std::string(", recompute: true, moe_chunk: 5")}) {
-      INFO("N " << N << " ep " << ep << extra);
-      auto world = [&] {
-        World w;
-        w.rank = me, w.size = N, w.mpi = true, w.local_rank = me;
-        w.comm = make_mpi_comm(MPI_COMM_WORLD);
-        return w;
-      };
-      World w_plain = world(), w_rounds = world();
-      Trainer plain(load_config_text(yaml(ep, 0, corpus.root + "/unbounded", extra)), w_plain);
-      Trainer rounds(load_config_text(yaml(ep, 0.3, corpus.root + "/rounds", extra)), w_rounds);
-      // A rank's share is T·top_k rows (T: the micro-batch's or the chunk's tokens) and the group
-      // receives ep shares, so a budget of 0.3 shares puts some rank in rounds.
-      CHECK(plain.plan().activation_options.exchange_rows == 0);
-      CHECK(rounds.plan().activation_options.exchange_rows > 0);
-      CHECK(rounds.plan().activations.device_bytes() < plain.plan().activations.device_bytes());
-      auto same_bits = [&](bool weights) {
-        int64_t differ = 0, checked = 0;
-        for (int p = 0; p < int(plain.layout().params.size()); ++p) {
-          const Tensor a = weights ? plain.params().weight(p) : plain.params().grad(p);
-          const Tensor b = weights ? rounds.params().weight(p) : rounds.params().grad(p);
-          const std::vector<float> ha = host_floats(a, 0, a.numel()), hb = host_floats(b, 0, b.numel());
-          for (size_t i = 0; i < ha.size(); ++i) differ += std::memcmp(&ha[i], &hb[i], sizeof(float)) != 0;
-          checked += a.numel();
-        }
-        CHECK(checked > 0);
-        return differ;
-      };
-      const auto lp = plain.compute_gradients(), lr = rounds.compute_gradients();
-      CHECK(lp.loss == lr.loss);
-      CHECK(lp.aux == lr.aux);
-      CHECK(lp.z == lr.z);
-      CHECK(same_bits(false) == 0);
-      plain.run();
-      rounds.run();
-      CHECK(same_bits(true) == 0);
-      MPI_Barrier(MPI_COMM_WORLD);
-    }
+  // Below 1 some rank is in rounds in every layer (the ranks receive ep shares); at 1.3 layers
+  // (and token chunks) in one round and in several mix within a step.
+  struct Case {
+    int ep;
+    double budget;
+    std::string extra;
+  };
+  std::vector<Case> cases;
+  for (int ep : {2, 4})
+    for (double budget : {0.3, 1.3})
+      for (const char* extra : {"", ", recompute: true", ", recompute: true, moe_chunk: 5"})
+        if (N % ep == 0) cases.push_back({ep, budget, extra});
+  for (const Case& c : cases) {
+    const int ep = c.ep;
+    const std::string& extra = c.extra;
+    INFO("N " << N << " ep " << ep << " budget " << c.budget << extra);
+    auto world = [&] {
+      World w;
+      w.rank = me, w.size = N, w.mpi = true, w.local_rank = me;
+      w.comm = make_mpi_comm(MPI_COMM_WORLD);
+      return w;
+    };
+    World w_plain = world(), w_rounds = world();
+    Trainer plain(load_config_text(yaml(ep, 0, corpus.root + "/unbounded", extra)), w_plain);
+    Trainer rounds(load_config_text(yaml(ep, c.budget, corpus.root + "/rounds", extra)), w_rounds);
+    CHECK(plain.plan().activation_options.exchange_rows == 0);
+    CHECK(rounds.plan().activation_options.exchange_rows > 0);
+    CHECK(rounds.plan().activations.device_bytes() < plain.plan().activations.device_bytes());
+    auto same_bits = [&](bool weights) {
+      int64_t differ = 0, checked = 0;
+      for (int p = 0; p < int(plain.layout().params.size()); ++p) {
+        const Tensor a = weights ? plain.params().weight(p) : plain.params().grad(p);
+        const Tensor b = weights ? rounds.params().weight(p) : rounds.params().grad(p);
+        const std::vector<float> ha = host_floats(a, 0, a.numel()), hb = host_floats(b, 0, b.numel());
+        for (size_t i = 0; i < ha.size(); ++i) differ += std::memcmp(&ha[i], &hb[i], sizeof(float)) != 0;
+        checked += a.numel();
+      }
+      CHECK(checked > 0);
+      return differ;
+    };
+    const auto lp = plain.compute_gradients(), lr = rounds.compute_gradients();
+    CHECK(lp.loss == lr.loss);
+    CHECK(lp.aux == lr.aux);
+    CHECK(lp.z == lr.z);
+    CHECK(same_bits(false) == 0);
+    plain.run();
+    rounds.run();
+    CHECK(same_bits(true) == 0);
+    MPI_Barrier(MPI_COMM_WORLD);
   }
 }
 
