@@ -198,8 +198,8 @@ void Transformer::routed_bwd(const LayerParams& P, const Acts& a, const Tensor& 
       // Rounds: the forward kept its last round's intermediates only. Each round's input rows
       // travel again with their output gradients and the experts recompute gate/up and SwiGLU
       // before their backward. A round may hold part of an expert's rows, so the weight
-      // gradients add up round by round, from zeros where this call writes them (bitwise the
-      // same as writing: the sums start from +0 either way, ops.h).
+      // gradients add up round by round, from zeros where this call writes them (on the CPU
+      // bitwise the same as writing: the sums start from +0 either way, ops.h).
       if (write) {
         ops_.fill(G(P.experts_down), 0);
         ops_.fill(G(P.experts_gate_up), 0);
