@@ -62,8 +62,8 @@ void Transformer::allocate() {
     for (size_t set = 0; set < acts_.size(); ++set)
       dispatch_.push_back(std::make_unique<ExpertDispatcher>(
           *comms.ep, *comms.ep_host, ops_, d_.experts,
-          int64_t(o.max_batch) * o.max_seq * d_.top_k * ep_, o.moe_chunks, comms.ep_dispatch,
-          comms.ep_combine));
+          receive_rows(o, o.chunk_tokens(int64_t(o.max_batch) * o.max_seq) * d_.top_k), o.moe_chunks,
+          comms.ep_dispatch, comms.ep_combine));
   if (o.recompute) saved_ = std::make_unique<SavedActivations>(ops_, plan_, arena_, host_arena_);
   OpShapes shapes;
   shapes.max_tokens = int64_t(o.max_batch) * o.max_seq;
@@ -140,10 +140,18 @@ void Transformer::ffn_bwd(int gate_up, int down, int gu_slot, int h_slot, Tensor
 void Transformer::experts_fwd(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
                               const Tensor& x, Tensor y) {
   const int64_t r0 = k.row0, r1 = k.row0 + k.rows;
+  experts_gate_up(P, a, k, x);
+  ops_.grouped_gemm_fwd(y.rows(r0, r1), arena_.tensor(a.h).rows(r0, r1),
+                        W(P.experts_down).rows(k.e0, k.e1), k.offsets);
+}
+
+// The experts' gate/up projection and SwiGLU into the layer's gu and h (the chunk's rows).
+void Transformer::experts_gate_up(const LayerParams& P, const Acts& a,
+                                  const ExpertDispatcher::Chunk& k, const Tensor& x) {
+  const int64_t r0 = k.row0, r1 = k.row0 + k.rows;
   Tensor gu = arena_.tensor(a.gu).rows(r0, r1), h = arena_.tensor(a.h).rows(r0, r1);
   ops_.grouped_gemm_fwd(gu, x.rows(r0, r1), W(P.experts_gate_up).rows(k.e0, k.e1), k.offsets);
   ops_.swiglu_fwd(h, gu);
-  ops_.grouped_gemm_fwd(y.rows(r0, r1), h, W(P.experts_down).rows(k.e0, k.e1), k.offsets);
 }
 
 void Transformer::experts_bwd(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
@@ -169,7 +177,7 @@ void Transformer::routed_fwd(const LayerParams& P, const Acts& a, const Tensor& 
     const int32_t* off = offsets_host.ptr<int32_t>();
     for (int64_t e = 0; e < d_.experts; ++e) per_expert[size_t(e)] = off[e + 1] - off[e];
     disp.plan(per_expert.data());
-    const int64_t rows = disp.rows_in();
+    const int64_t rows = disp.rows_held();
     Tensor xpl = act(a.xp_local, rows), ypl = act(a.yp_local, rows);
     disp.run(xp, yp, xpl, ypl, arena_.tensor(s_.dispatch_scratch),
              [&](const ExpertDispatcher::Chunk& k) { experts_fwd(P, a, k, xpl, ypl); });
@@ -184,7 +192,26 @@ void Transformer::routed_bwd(const LayerParams& P, const Acts& a, const Tensor& 
                              const Tensor& xp, const Tensor& dyp, Tensor dxp, bool write) {
   if (ep_ > 1) {
     ExpertDispatcher& disp = *dispatch_[size_t(&a - acts_.data())];
-    const int64_t rows = disp.rows_in();
+    const int64_t rows = disp.rows_held();
+    Tensor dypl = act(s_.dyp_local, rows), dxpl = act(s_.dxp_local, rows), xpl = act(a.xp_local, rows);
+    if (disp.num_rounds() > 1) {
+      // Rounds: the forward kept its last round's intermediates only. Each round's input rows
+      // travel again with their output gradients and the experts recompute gate/up and SwiGLU
+      // before their backward. A round may hold part of an expert's rows, so the weight
+      // gradients add up round by round, from zeros where this call writes them (on the CPU
+      // bitwise the same as writing: the sums start from +0 either way, ops.h).
+      if (write) {
+        ops_.fill(G(P.experts_down), 0);
+        ops_.fill(G(P.experts_gate_up), 0);
+      }
+      disp.run(dyp, dxp, dypl, dxpl, arena_.tensor(s_.dispatch_scratch),
+               [&](const ExpertDispatcher::Chunk& k) {
+                 experts_gate_up(P, a, k, xpl);
+                 experts_bwd(P, a, k, xpl, dypl, dxpl, false);
+               },
+               &xp, xpl);
+      return;
+    }
     // The dispatcher skips a chunk without rows: written gradients of its experts are zeros.
     for (int c = 0; write && c < disp.num_chunks(); ++c) {
       const ExpertDispatcher::Chunk k = disp.chunk(c);
@@ -192,7 +219,6 @@ void Transformer::routed_bwd(const LayerParams& P, const Acts& a, const Tensor& 
       ops_.fill(G(P.experts_down).rows(k.e0, k.e1), 0);
       ops_.fill(G(P.experts_gate_up).rows(k.e0, k.e1), 0);
     }
-    Tensor dypl = act(s_.dyp_local, rows), dxpl = act(s_.dxp_local, rows), xpl = act(a.xp_local, rows);
     disp.run(dyp, dxp, dypl, dxpl, arena_.tensor(s_.dispatch_scratch),
              [&](const ExpertDispatcher::Chunk& k) { experts_bwd(P, a, k, xpl, dypl, dxpl, write); });
   } else {

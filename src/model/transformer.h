@@ -122,6 +122,8 @@ class Transformer {
   Tensor lse_of(int l, const Acts& a, int64_t T) const;
   void experts_fwd(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
                    const Tensor& x, Tensor y);
+  void experts_gate_up(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
+                       const Tensor& x);
   void experts_bwd(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
                    const Tensor& x, const Tensor& dy, Tensor dx, bool write);
   void moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln, float aux_scale);

@@ -67,7 +67,8 @@ class Ops {
 
   // ---- elementwise and memory ---------------------------------------------------------------
   virtual void fill(Tensor x, double value) = 0;
-  // dst = src elementwise with dtype conversion (bf16 rounding is nearest-even); same numel.
+  // dst = src elementwise with dtype conversion (bf16 rounding is nearest-even); same numel. A
+  // copy to or from host memory returns once the host side may be read or reused.
   virtual void copy(Tensor dst, const Tensor& src) = 0;
   // out = a + b (out may alias a or b); same shapes and dtypes.
   virtual void add(Tensor out, const Tensor& a, const Tensor& b) = 0;

@@ -3,6 +3,7 @@
 #include "plan/activations.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/memory.h"
 #include "parallel/expert_dispatch.h"
@@ -48,6 +49,18 @@ size_t ActivationLayout::device_bytes() const {
   return arena_bytes() + cp_attention_bytes + dispatch_device_bytes;
 }
 
+int64_t exchange_rows(double budget, int64_t rows_per_rank, int ep) {
+  if (budget <= 0 || ep <= 1) return 0;
+  const double rows = std::ceil(budget * double(rows_per_rank));  // huge budgets: compared as doubles
+  if (rows >= double(rows_per_rank) * ep) return 0;
+  return std::max<int64_t>(1, int64_t(rows));
+}
+
+int64_t receive_rows(const ActivationOptions& o, int64_t rows_per_rank) {
+  const int64_t worst = rows_per_rank * o.ep;
+  return o.ep > 1 && o.exchange_rows > 0 ? std::min(o.exchange_rows, worst) : worst;
+}
+
 ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o) {
   ActivationLayout L;
   const int64_t T = int64_t(o.max_batch) * o.max_seq, H = d.hidden;
@@ -57,8 +70,9 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
   const int64_t C = o.chunk_tokens(T), CK = C * K;
   const bool chunked = C < T;
   const DType cdt = o.compute, adt = acc_dtype(o.compute);
-  // Dropless expert parallelism: a rank may receive every row of its ep group (ep·C·K).
-  const int64_t R = CK * o.ep;
+  // Dropless expert parallelism: a rank may receive every row of its ep group (ep·C·K); with an
+  // exchange budget its buffers hold fewer and it takes its rows in rounds.
+  const int64_t R = receive_rows(o, CK);
   MOP_CHECK(o.recompute || (o.host_layers == 0 && o.keep_attention == 0),
             "saved tensors in host memory and kept attention need recompute");
   MOP_CHECK(o.host_layers >= 0 && o.host_layers <= d.layers && o.keep_attention >= 0 &&
@@ -189,8 +203,7 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
     L.cp_attention_bytes = UlyssesExchange::buffer_bytes(o.max_batch, o.max_seq * o.cp,
                                                          d.heads / o.cp * d.head_dim, cdt);
   if (o.ep > 1) {
-    const int64_t max_rows_in = R;
-    const ExpertDispatcher::Footprint f = ExpertDispatcher::footprint(E, o.ep, max_rows_in, o.moe_chunks);
+    const ExpertDispatcher::Footprint f = ExpertDispatcher::footprint(E, o.ep, R, o.moe_chunks);
     L.dispatch_device_bytes = size_t(sets) * f.device_bytes;
     L.dispatch_host_bytes = size_t(sets) * f.host_bytes;
   }

@@ -44,6 +44,9 @@ struct ActivationOptions {
   bool recompute = false;
   int64_t lm_head_chunk = 1024;
   int moe_chunks = 1;  // ep > 1: the expert dispatchers' chunks
+  // ep > 1: the rows a rank's receive buffers hold (exchange_rows() of parallel.moe.
+  // exchange_budget); a rank whose experts receive more takes them in rounds. 0: the worst case.
+  int64_t exchange_rows = 0;
   // Tokens per chunk of the MoE block (router → dispatch → experts → combine) and the dense FFN;
   // 0, or at least the micro-batch's tokens: the whole micro-batch at once (nothing recomputed).
   int64_t moe_chunk = 0;
@@ -118,5 +121,15 @@ struct ActivationLayout {
 };
 
 ActivationLayout plan_activations(const ModelDims& dims, const ActivationOptions& options);
+
+// The expert exchange's receive buffers for parallel.moe.exchange_budget: max(1, ⌈budget ·
+// rows_per_rank⌉) rows, rows_per_rank = a rank's routed rows (T_local · top_k, T_local the
+// micro-batch's or the MoE chunk's tokens); 0 (the worst case) for a budget of 0, for ep 1 and
+// wherever the budget reaches the worst case ep · rows_per_rank.
+int64_t exchange_rows(double budget, int64_t rows_per_rank, int ep);
+// The rows a rank's receive buffers hold (x_local, gu, h, the dispatcher's maps, …): the dropless
+// worst case ep · rows_per_rank, or options.exchange_rows where that is smaller. The plan and the
+// model both size them with this.
+int64_t receive_rows(const ActivationOptions& options, int64_t rows_per_rank);
 
 }  // namespace mop

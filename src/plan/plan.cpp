@@ -534,6 +534,8 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
   ao.moe_chunks = p.moe_chunks;
   ao.compute = p.run.compute;
   ao.moe_chunk = moe_chunk(cfg, int64_t(ao.max_batch) * ao.max_seq);
+  ao.exchange_rows = exchange_rows(cfg.parallel.moe.exchange_budget,
+                                   ao.chunk_tokens(int64_t(ao.max_batch) * ao.max_seq) * local_dims.top_k, ao.ep);
   p.parallel = make_parallel_spec(local, p.cp, p.dp, p.ep, p.edp, par.zero, par.shard == "slice");
   p.stream_grads = stream && p.run.device != Device::CPU;
   place_saved(p, local_dims);

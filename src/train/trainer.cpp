@@ -117,8 +117,6 @@ void Trainer::build() {
   // Planned but not yet run by the step (the plan prices them; the runtime lands separately).
   MOP_USER_CHECK(cfg_.optim.gradients != "host", "optim.gradients: host: the step does not stream "
                  "gradients to the host yet (mop plan prices it); use gpu or auto");
-  MOP_USER_CHECK(cfg_.parallel.moe.exchange_budget == 0, "parallel.moe.exchange_budget: the expert "
-                 "exchange does not run in rounds yet (mop plan prices it); use 0");
 
   // 2. Backend, side streams and parallel groups (attention: cp × dp, MoE: ep × dp).
   auto timed = std::make_unique<TimedOps>(make_ops(plan_.run.device, world_.local_rank));

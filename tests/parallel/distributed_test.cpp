@@ -1,6 +1,7 @@
 // Multi-rank invariants on CPU ranks (mpirun -np 2 and -np 4):
 //   - expert dispatch/combine moves exactly the right rows (payloads encode source rank and row),
-//     with skewed counts, an expert without rows and a rank that receives nothing;
+//     with skewed counts, an expert without rows and a rank that receives nothing; and in rounds
+//     (bounded receive buffers) bit for bit as with buffers for the worst case;
 //   - the Ulysses exchange puts every token's heads where whole-sequence attention expects them;
 //   - ring attention's output, lse and dq/dk/dv on N ranks equal causal attention over the
 //     gathered sequences on one rank;
@@ -25,6 +26,7 @@
 #include "parallel/ring_attention.h"
 #include "parallel/sequence_parallel.h"
 #include "ops/ops_test_util.h"
+#include "parallel/exchange_checks.h"
 #include "parallel/expert_dispatch.h"
 #include "parallel/mpi_comm.h"
 #include "train/train_test_util.h"
@@ -147,6 +149,12 @@ TEST_CASE("expert dispatch: exact rows, skewed counts, empty expert, idle rank",
     for (int64_t i = 0; i < rows_out * W; ++i) back_wrong += back[size_t(i)] != -in[size_t(i)];
     CHECK(back_wrong == 0);
   }
+}
+
+TEST_CASE("expert exchange in rounds on MPI ranks equals the unbounded exchange bit for bit", "[mpi]") {
+  auto comm = make_mpi_comm(MPI_COMM_WORLD);
+  auto ops = make_cpu_ops();
+  test::check_bounded_exchange(*comm, *ops);
 }
 
 TEST_CASE("ulysses exchange: tokens and heads land in sequence order, and back", "[mpi]") {
@@ -326,6 +334,83 @@ TEST_CASE("trainer: chunked MoE and saved tensors on N ranks equal the plain ste
     if (me == 0)
       WARN("measured (N " << N << ", cp " << c.cp << ", ep " << c.ep << "): " << expert_differ << " of "
                           << experts << " expert gradient elements differ in the last bits");
+  }
+}
+
+// parallel.moe.exchange_budget: receive buffers of a fraction of a rank's share, so some rank
+// (the group receives ep × its share) takes its rows in rounds, and the backward recomputes the
+// experts round by round. Loss, gradients and the weights after 3 steps are the same bits as with
+// buffers for the worst case: with recompute off and on, and with the MoE block in token chunks.
+TEST_CASE("trainer: the expert exchange in rounds equals the unbounded exchange bit for bit", "[mpi]") {
+  if (on_gpu()) {
+    WARN("bit-for-bit comparison: CPU ranks only");
+    return;
+  }
+  const int N = world_size(), me = world_rank();
+  spdlog::set_level(spdlog::level::warn);
+  const test::SharedCorpus corpus = test::shared_corpus(40000);
+  auto yaml = [&](int ep, double budget, const std::string& ckpt, const std::string& train_extra) {
+    return "model: {vocab_size: 257, hidden_size: 32, num_layers: 3, num_heads: 8, num_kv_heads: 4, "
+           "head_dim: 8, init_std: 0.1}\n"
+           "moe: {num_experts: 8, top_k: 2, expert_ffn: 16, shared_expert_ffn: 8, first_dense_layers: 1, "
+           "dense_ffn: 24, aux_loss_coef: 0.05, z_loss_coef: 0.01}\n"
+           "optim: {lr: 0.01, warmup_steps: 0}\n"
+           "data: {paths: [" + corpus.root + "/corpus], seq_len: 32}\n"
+           "train: {steps: 3, global_batch_size: " + std::to_string(2 * N) + ", micro_batch_size: 1, "
+           "eval_interval: 0, device: cpu" + train_extra + "}\n"
+           "parallel: {attention: {dp: " + std::to_string(N) + "}, moe: {ep: " + std::to_string(ep) +
+           ", dp: " + std::to_string(N / ep) + ", exchange_budget: " + std::to_string(budget) + "}}\n"
+           "checkpoint: {dir: " + ckpt + ", save_final: false}\n";
+  };
+  // Below 1 some rank is in rounds in every layer (the ranks receive ep shares); at 1.3 layers
+  // (and token chunks) in one round and in several mix within a step.
+  struct Case {
+    int ep;
+    double budget;
+    std::string extra;
+  };
+  std::vector<Case> cases;
+  for (int ep : {2, 4})
+    for (double budget : {0.3, 1.3})
+      for (const char* extra : {"", ", recompute: true", ", recompute: true, moe_chunk: 5"})
+        if (N % ep == 0) cases.push_back({ep, budget, extra});
+  for (const Case& c : cases) {
+    const int ep = c.ep;
+    const std::string& extra = c.extra;
+    INFO("N " << N << " ep " << ep << " budget " << c.budget << extra);
+    auto world = [&] {
+      World w;
+      w.rank = me, w.size = N, w.mpi = true, w.local_rank = me;
+      w.comm = make_mpi_comm(MPI_COMM_WORLD);
+      return w;
+    };
+    World w_plain = world(), w_rounds = world();
+    Trainer plain(load_config_text(yaml(ep, 0, corpus.root + "/unbounded", extra)), w_plain);
+    Trainer rounds(load_config_text(yaml(ep, c.budget, corpus.root + "/rounds", extra)), w_rounds);
+    CHECK(plain.plan().activation_options.exchange_rows == 0);
+    CHECK(rounds.plan().activation_options.exchange_rows > 0);
+    CHECK(rounds.plan().activations.device_bytes() < plain.plan().activations.device_bytes());
+    auto same_bits = [&](bool weights) {
+      int64_t differ = 0, checked = 0;
+      for (int p = 0; p < int(plain.layout().params.size()); ++p) {
+        const Tensor a = weights ? plain.params().weight(p) : plain.params().grad(p);
+        const Tensor b = weights ? rounds.params().weight(p) : rounds.params().grad(p);
+        const std::vector<float> ha = host_floats(a, 0, a.numel()), hb = host_floats(b, 0, b.numel());
+        for (size_t i = 0; i < ha.size(); ++i) differ += std::memcmp(&ha[i], &hb[i], sizeof(float)) != 0;
+        checked += a.numel();
+      }
+      CHECK(checked > 0);
+      return differ;
+    };
+    const auto lp = plain.compute_gradients(), lr = rounds.compute_gradients();
+    CHECK(lp.loss == lr.loss);
+    CHECK(lp.aux == lr.aux);
+    CHECK(lp.z == lr.z);
+    CHECK(same_bits(false) == 0);
+    plain.run();
+    rounds.run();
+    CHECK(same_bits(true) == 0);
+    MPI_Barrier(MPI_COMM_WORLD);
   }
 }
 

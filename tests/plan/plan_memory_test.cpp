@@ -102,6 +102,7 @@ TEST_CASE("plan: memory per class equals every rank's allocation for every cp an
     std::string impl;
     bool zero, recompute;
     std::string placement;
+    std::string moe_extra = "";  // parallel.moe settings
   };
   std::vector<Case> cases;
   for (int cp : {1, 2, 4})
@@ -111,9 +112,12 @@ TEST_CASE("plan: memory per class equals every rank's allocation for every cp an
       if (cp > 1) cases.push_back({cp, ep, "ring", false, true, "host"});
     }
   cases.push_back({1, N, "auto", true, true, "host"});
+  // Bounded receive buffers (the expert exchange in rounds), also with the MoE block in chunks.
+  cases.push_back({1, N, "auto", false, false, "auto", ", exchange_budget: 0.4"});
+  cases.push_back({1, N, "auto", false, true, "auto", ", exchange_budget: 0.7"});
   for (const Case& c : cases) {
     INFO("N " << N << " cp " << c.cp << " " << c.impl << " ep " << c.ep << " zero " << c.zero << " recompute "
-              << c.recompute << " state " << c.placement);
+              << c.recompute << " state " << c.placement << c.moe_extra);
     const std::string yaml =
         "model: {vocab_size: 257, hidden_size: 32, num_layers: 2, num_heads: 4, num_kv_heads: 4, head_dim: 8}\n"
         "moe: {num_experts: 8, top_k: 2, expert_ffn: 12, first_dense_layers: 1, dense_ffn: 20}\n"
@@ -123,7 +127,7 @@ TEST_CASE("plan: memory per class equals every rank's allocation for every cp an
         ", micro_batch_size: 1, device: cpu, recompute: " + (c.recompute ? "true" : "false") + "}\n"
         "parallel: {attention: {cp: " + std::to_string(c.cp) + ", dp: " + std::to_string(N / c.cp) +
         ", impl: " + c.impl + "}, moe: {ep: " + std::to_string(c.ep) + ", dp: " + std::to_string(N / c.ep) +
-        "}, zero: " + (c.zero ? "true" : "false") + "}\n"
+        c.moe_extra + "}, zero: " + (c.zero ? "true" : "false") + "}\n"
         "checkpoint: {dir: " + corpus.root + "/ckpt, save_final: false}\n";
     const Config cfg = load_config_text(yaml);
     World w;
@@ -137,4 +141,47 @@ TEST_CASE("plan: memory per class equals every rank's allocation for every cp an
     CHECK(planned.memory.device_total() >= planned.memory_of_rank(me).device_total());
     MPI_Barrier(MPI_COMM_WORLD);
   }
+}
+
+// parallel.moe.exchange_budget: the receive-side buffers (routed rows of this rank's experts,
+// their intermediates and gradients, the dispatch scratch and index maps) shrink from the worst
+// case ep · T · top_k rows to the budget's rows; the rest of the plan does not move.
+TEST_CASE("plan: an exchange budget bounds the receive buffers", "[cpu][plan][exchange]") {
+  const ModelDims d = ModelDims::from(load_config_text(R"(
+model: {vocab_size: 151936, hidden_size: 2048, num_layers: 4, num_heads: 32, num_kv_heads: 4, head_dim: 128}
+moe: {num_experts: 128, top_k: 8, expert_ffn: 768}
+)"), 0, 8);
+  ActivationOptions o;
+  o.max_batch = 1, o.max_seq = 4096, o.ep = 8, o.compute = DType::BF16, o.moe_chunks = 2;
+  const int64_t TK = 4096 * 8;
+  CHECK(exchange_rows(0, TK, 8) == 0);
+  CHECK(exchange_rows(0.5, TK, 1) == 0);       // no exchange with ep 1
+  CHECK(exchange_rows(8, TK, 8) == 0);         // the worst case itself
+  CHECK(exchange_rows(1 << 20, TK, 8) == 0);   // huge budgets: the worst case
+  CHECK(exchange_rows(1e-12, TK, 8) == 1);     // at least one row
+  CHECK(exchange_rows(1.5, TK, 8) == TK * 3 / 2);
+  CHECK(exchange_rows(0.1, 7, 8) == 1);        // ⌈0.7⌉
+  CHECK(receive_rows(o, TK) == 8 * TK);
+  const ActivationLayout worst = plan_activations(d, o);
+  o.exchange_rows = exchange_rows(1.5, TK, 8);
+  CHECK(receive_rows(o, TK) == TK * 3 / 2);
+  const ActivationLayout bounded = plan_activations(d, o);
+  // Per layer (no recompute: 4 sets): gu, h, xp_local, yp_local; shared: dh, dgu, dyp_local,
+  // dxp_local, the dispatch scratch; the dispatchers' maps (2 I32 per row, one per set).
+  const int64_t F = 768, H = 2048, rows_saved = 8 * TK - TK * 3 / 2;
+  const auto experts = [](const ActivationLayout& L) { return L.device_by_component()[size_t(Component::Experts)]; };
+  const auto grads = [](const ActivationLayout& L) { return L.device_by_component()[size_t(Component::Gradients)]; };
+  const size_t slack = size_t(64) << 10;  // slot alignment
+  const size_t expert_saved = size_t(rows_saved) * (4 * (3 * F + 2 * H) * 2 + 4 * 2 * 4);
+  CHECK(experts(worst) - experts(bounded) + slack >= expert_saved);
+  CHECK(experts(worst) - experts(bounded) <= expert_saved + slack);
+  const size_t grad_saved = size_t(rows_saved) * (3 * F + 3 * H) * 2;
+  CHECK(grads(worst) - grads(bounded) + slack >= grad_saved);
+  CHECK(grads(worst) - grads(bounded) <= grad_saved + slack);
+  CHECK(bounded.dispatch_device_bytes == size_t(4) * 2 * (TK * 3 / 2) * 4);
+  for (int c : {0, 1, 2, 4, 5})  // nothing else moves
+    CHECK(worst.device_by_component()[size_t(c)] == bounded.device_by_component()[size_t(c)]);
+  // A budget past the worst case plans the worst case.
+  o.exchange_rows = 100 * TK;
+  CHECK(plan_activations(d, o).device_bytes() == worst.device_bytes());
 }
