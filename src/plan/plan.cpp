@@ -75,10 +75,9 @@ double Plan::model_flops_per_step() const {
 constexpr double kRoutingAllowance = 1.25;
 
 int64_t bounded_receive_rows(double budget, int64_t tokens, int64_t top_k, int ep) {
-  const int64_t worst = int64_t(ep) * tokens * top_k;
-  if (budget <= 0) return worst;
-  const int64_t b = std::max<int64_t>(1, int64_t(std::ceil(budget * double(tokens) * double(top_k))));
-  return std::min(b, worst);
+  ActivationOptions o;
+  o.ep = ep, o.exchange_rows = exchange_rows(budget, tokens * top_k, ep);
+  return receive_rows(o, tokens * top_k);
 }
 
 int exchange_rounds(int64_t rows, int64_t tokens, int64_t top_k, int ep) {
@@ -140,39 +139,14 @@ int device_comms(const Plan& p) {
   return n;
 }
 
-// Until plan/activations.cpp sizes the expert exchange by parallel.moe.exchange_budget, the plan
-// resizes the exchange's row buffers itself: every slot of ep × chunk × k rows (the worst case)
-// to the budget's rows. Once the layout has the budget's rows this finds no such slot and adds
-// nothing. Returns the bytes saved on the device, by component.
-std::array<size_t, kNumComponents> exchange_budget_saving(const Plan& p) {
-  std::array<size_t, kNumComponents> saved{};
-  if (p.ep <= 1 || p.cfg.parallel.moe.exchange_budget <= 0) return saved;
-  const ActivationLayout& L = p.activations;
-  const ActivationOptions& o = p.activation_options;
-  const int64_t C = o.chunk_tokens(int64_t(o.max_batch) * o.max_seq), k = p.dims.top_k;
-  const int64_t worst = int64_t(p.ep) * C * k;
-  const int64_t rows = bounded_receive_rows(p.cfg.parallel.moe.exchange_budget, C, k, p.ep);
-  if (rows >= worst) return saved;
-  auto resize = [&](int slot) {
-    if (slot < 0) return;
-    const BufferSpec& b = L.device[size_t(slot)];
-    if (b.shape.ndim != 2 || b.shape.shape[0] != worst) return;
-    const size_t row = size_t(b.shape.shape[1]) * dtype_size(b.shape.dtype);
-    saved[size_t(b.component)] += size_t(worst - rows) * row;
-  };
-  for (const ActSlots& a : L.sets) resize(a.gu), resize(a.h), resize(a.xp_local), resize(a.yp_local);
-  const SharedSlots& sh = L.shared;
-  resize(sh.dh), resize(sh.dgu), resize(sh.dyp_local), resize(sh.dxp_local), resize(sh.dispatch_scratch);
-  return saved;
-}
-
 // Moving a segment's optimizer state from the host to the device, per segment: what it costs the
 // device and saves the host (rank 0). Everything on the host costs 2 bytes per parameter on the
 // device (bf16 gradient staging, in `need`); moving a segment's state costs 10 more per element.
-// With sliced parameters or streamed gradients the host-updated segments cost the device nothing
-// of their own (their gradients are in flight); moving one costs its state (12 bytes per element
-// the rank keeps) and the gradients it then keeps on the device: the slice's (4 bytes per slice
-// element) or, streamed, the whole parameter's. The host saves the state and its staging.
+// (Sliced parameters count their slices' elements.) With streamed gradients the host-updated
+// segments cost the device nothing of their own (their gradients are in flight); moving one costs
+// its state (12 bytes per element the rank keeps) and the gradients it then keeps on the device:
+// the slice's (4 bytes per slice element) or the whole parameter's. The host saves the state and
+// its staging.
 struct StateMoves {
   std::vector<double> device_cost, host_saving;
   double need = 0;  // device bytes of the all-on-host placement not in the caller's `used`
@@ -180,7 +154,9 @@ struct StateMoves {
 
 StateMoves state_moves(const Plan& p, const ModelLayout& local) {
   const int segments = num_segments(p.dims);
-  const bool moving = p.parallel.sliced() || p.stream_grads;
+  // Sliced parameters without streaming keep their slices' gradients on the device either way
+  // (what the step runs): moving their state costs what moving whole parameters' does.
+  const bool moving = p.stream_grads;
   const double c = double(dtype_size(p.run.compute));
   StateMoves m;
   m.device_cost.assign(size_t(segments), 0), m.host_saving.assign(size_t(segments), 0);
@@ -189,9 +165,11 @@ StateMoves state_moves(const Plan& p, const ModelLayout& local) {
     const size_t s = size_t(param_segment(local, q));
     const double state = double(p.state_numel(0, q, n));
     if (!moving) {
-      m.device_cost[s] += 10.0 * double(aligned_numel(n));
-      m.need += 2.0 * double(aligned_numel(n));
-      m.host_saving[s] += 12.0 * state + 4.0 * double(aligned_numel(n));
+      const bool sliced = p.parallel.params[size_t(q)].kind == Sharding::Slice;
+      const double e = double(aligned_numel(sliced ? p.parallel.slice_numel(q, n) : n));
+      m.device_cost[s] += 10.0 * e;
+      m.need += 2.0 * e;
+      m.host_saving[s] += 12.0 * state + 4.0 * e;
     } else if (p.parallel.params[size_t(q)].kind == Sharding::Slice) {
       m.device_cost[s] += 16.0 * state;
       m.host_saving[s] += (12.0 + 4.0 + c) * state;
@@ -216,8 +194,7 @@ int segments_moved(const StateMoves& m, double free, double* host_saved = nullpt
 
 // Optimizer-state placement per segment. auto: as many segments on the device as fit (less its
 // reserve), in forward order (state_moves). `device_used`: the device memory besides the state
-// and staging, or with sliced parameters or streamed gradients all of it with every segment's
-// state on the host.
+// and staging, or with streamed gradients all of it with every segment's state on the host.
 std::vector<bool> place_state(Plan& p, const ModelLayout& local, size_t device_used) {
   const int segments = num_segments(p.dims);
   const std::string& mode = p.cfg.optim.state_placement;
@@ -274,16 +251,14 @@ void place_saved(Plan& p, const ModelDims& local_dims) {
   const MemoryPlan base = trial.memory_of_rank(0);
   // auto: the state that placement then moves to the device (as much as the device has room
   // for) relieves the host.
-  const bool moving = p.parallel.sliced() || p.stream_grads;
+  const bool moving = p.stream_grads;
   const StateMoves moves = mode == "auto" ? state_moves(trial, local) : StateMoves{};
   const double capacity = p.machine.device.memory_bytes - p.machine.device.reserve_bytes;
   auto fits = [&](int keep, int host) {
     trial.activation_options.keep_attention = keep, trial.activation_options.host_layers = host;
     trial.activations = plan_activations(local_dims, trial.activation_options);
     trial.memory = base;
-    size_t budget_saved = 0;
-    for (size_t b : exchange_budget_saving(trial)) budget_saved += b;
-    trial.memory.activations = trial.activations.device_bytes() - budget_saved;
+    trial.memory.activations = trial.activations.device_bytes();
     trial.memory.host_activations = trial.activations.host_bytes();
     if (mode == "auto") {
       const MemoryPlan& t = trial.memory;
@@ -402,11 +377,6 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
   }
   m.activations = activations.device_bytes();
   m.activations_by_component = activations.device_by_component();
-  const std::array<size_t, kNumComponents> saved = exchange_budget_saving(*this);
-  for (int i = 0; i < kNumComponents; ++i) {
-    m.activations -= saved[size_t(i)];
-    m.activations_by_component[size_t(i)] -= saved[size_t(i)];
-  }
   m.host_activations = activations.host_bytes();
   m.workspaces = workspace_bytes(*this);
   const size_t tokens = size_t(cfg.train.micro_batch_size) * size_t(local_seq);
@@ -423,7 +393,10 @@ MemoryPlan Plan::memory_without(Technique t) const {
       break;
     }
     case Technique::StreamGrads: q.stream_grads = false; break;
-    case Technique::ExchangeBudget: q.cfg.parallel.moe.exchange_budget = 0; break;
+    case Technique::ExchangeBudget:  // the worst-case receive buffers
+      q.cfg.parallel.moe.exchange_budget = 0, q.activation_options.exchange_rows = 0;
+      q.activations = plan_activations(ModelDims::from(cfg, 0, ep), q.activation_options);
+      break;
   }
   return q.memory_of_rank(memory_rank);
 }
@@ -570,7 +543,7 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
 
   // State placement needs what the device holds besides the state: plan that first.
   size_t used = 0;
-  if (p.parallel.sliced() || p.stream_grads) {
+  if (p.stream_grads) {
     Plan trial = p;
     trial.state_on_host.assign(local.params.size(), true);
     used = trial.memory_of_rank(0).device_total();
