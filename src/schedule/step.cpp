@@ -59,8 +59,10 @@ StepSchedule::~StepSchedule() {
 void StepSchedule::update_segment(int segment) {
   for (int p : segment_params_[size_t(segment)]) {
     optim_.update_native(p, *update_ops_);
-    // Sliced gradients are zeroed when their slot is bound (or by zero-grads).
-    if (!params_.sliced() && !model_.writes_gradient(p)) update_ops_->fill(params_.grad(p), 0);
+    // What the update read is zeroed on its stream (sliced over several replicas: their slices
+    // are overwritten by the next reduce-scatter, their slots zeroed on the compute stream).
+    if (!model_.writes_gradient(p) && (!params_.sliced() || params_.slice_count(p) == 1))
+      update_ops_->fill(optim_.update_grad(p), 0);
   }
   update_done_[size_t(segment)].record(update_ops_->stream());
   update_pending_[size_t(segment)] = true;
@@ -113,10 +115,15 @@ LossTerms StepSchedule::gradients(const std::function<Batch(int)>& micro_batch, 
       case ActionKind::ZeroGrads:
         // Zeroed by the overlapped update of the last step, or here; the first micro-batch writes
         // the experts' gradients.
-        if (!std::exchange(grads_zeroed_, false))
+        {
+          // Sliced over several replicas: the whole gradients' slots (padding included), which no
+          // update reads. The others (and one replica's slices, which are the gradients) unless
+          // the overlapped update zeroed them after reading them.
+          const bool zeroed = std::exchange(grads_zeroed_, false);
           for (int p = 0; p < params_.num_params(); ++p)
-            if (params_.sliced()) timed_.fill(params_.padded_grad(p), 0);  // padding included
-            else if (!model_.writes_gradient(p)) timed_.fill(params_.grad(p), 0);
+            if (params_.sliced() && params_.slice_count(p) > 1) timed_.fill(params_.padded_grad(p), 0);
+            else if (!zeroed && !model_.writes_gradient(p)) timed_.fill(optim_.update_grad(p), 0);
+        }
         break;
       case ActionKind::BeginForward:
         pass = model_.begin(micro_batch(a.micro_batch), aux_scale, /*training=*/true, ce_scale,
@@ -222,7 +229,7 @@ StepReport StepSchedule::apply(float lr) {
       default: MOP_CHECK(false, "a step's update cannot run ", action_name(a.kind));
     }
   }
-  if (updating && !params_.sliced()) grads_zeroed_ = true;
+  if (updating) grads_zeroed_ = true;
   return r;
 }
 

@@ -171,21 +171,18 @@ TEST_CASE("program: sliced parameters gather, release and reduce-scatter each se
   REQUIRE(plan.parallel.sliced());
   const StepProgram p = make_step_program(plan, 0);
   CHECK(p.shape.pool_grads);
-  CHECK(p.shape.device_update_overlapped);  // each segment's slices gathered after their update
+  CHECK(!p.shape.device_update_overlapped);  // off with sliced parameters for now (program.cpp)
   CHECK(compact(p.gradients) ==
-        "begin-forward m0 | wait-update 0 m0 | gather 0 m0 | forward 0 m0 | release 0 m0 | "
-        "wait-update 1 m0 | gather 1 m0 | forward 1 m0 | release 1 m0 | wait-update 2 m0 | gather 2 m0 | "
-        "forward 2 m0 | release 2 m0 | wait-update 3 m0 | gather 3 m0 | forward 3 m0 | release 3 m0 | "
-        "wait-update 4 m0 | gather 4 m0 | forward 4 m0 | wait-update 5 m0 | gather 5 m0 | grad-slot 5 m0 | "
-        "forward 5 m0 | begin-backward m0 | backward 5 m0 | release 5 m0 | reduce-scatter 5 m0 | "
-        "grad-slot 4 m0 | backward 4 m0 | release 4 m0 | reduce-scatter 4 m0 | gather 3 m0 | "
-        "grad-slot 3 m0 | backward 3 m0 | release 3 m0 | reduce-scatter 3 m0 | gather 2 m0 | "
-        "grad-slot 2 m0 | backward 2 m0 | release 2 m0 | reduce-scatter 2 m0 | gather 1 m0 | "
-        "grad-slot 1 m0 | backward 1 m0 | release 1 m0 | reduce-scatter 1 m0 | gather 0 m0 | "
-        "grad-slot 0 m0 | backward 0 m0 | release 0 m0 | reduce-scatter 0 m0 | read-losses (host)");
-  CHECK(compact(p.apply) ==
-        "optimizer | device-update 0 (update) | device-update 1 (update) | device-update 2 (update) | "
-        "device-update 3 (update) | device-update 4 (update) | device-update 5 (update)");
+        "begin-forward m0 | gather 0 m0 | forward 0 m0 | release 0 m0 | gather 1 m0 | forward 1 m0 | "
+        "release 1 m0 | gather 2 m0 | forward 2 m0 | release 2 m0 | gather 3 m0 | forward 3 m0 | "
+        "release 3 m0 | gather 4 m0 | forward 4 m0 | gather 5 m0 | grad-slot 5 m0 | forward 5 m0 | "
+        "begin-backward m0 | backward 5 m0 | release 5 m0 | reduce-scatter 5 m0 | grad-slot 4 m0 | "
+        "backward 4 m0 | release 4 m0 | reduce-scatter 4 m0 | gather 3 m0 | grad-slot 3 m0 | "
+        "backward 3 m0 | release 3 m0 | reduce-scatter 3 m0 | gather 2 m0 | grad-slot 2 m0 | "
+        "backward 2 m0 | release 2 m0 | reduce-scatter 2 m0 | gather 1 m0 | grad-slot 1 m0 | "
+        "backward 1 m0 | release 1 m0 | reduce-scatter 1 m0 | gather 0 m0 | grad-slot 0 m0 | "
+        "backward 0 m0 | release 0 m0 | reduce-scatter 0 m0 | read-losses (host)");
+  CHECK(compact(p.apply) == "optimizer");
 
   // Every layout run against the parameter store's two slots: each forward and backward finds
   // its weights gathered (a tied embedding's too) and each backward its gradients' slot; every
