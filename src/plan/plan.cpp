@@ -598,7 +598,8 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
                                                 "every micro-batch), two segments in flight on the GPU"
                                               : "whole on the GPU, to the host once final"));
   else if (any_host && p.run.device != Device::CPU)
-    p.notes.push_back("gradients of host-updated segments: sliced, each slice to the host once reduce-scattered");
+    p.notes.push_back("gradients of host-updated segments: sliced, each slice (fp32, on the GPU) to the "
+                      "host once reduce-scattered");
 
   // The rank that needs the most device memory (ZeRO owners differ).
   p.memory = p.memory_of_rank(0);

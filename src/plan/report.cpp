@@ -130,7 +130,7 @@ std::string plan_text(const Plan& p) {
        (p.cfg.train.recompute ? "on" : "off") + (p.parallel.zero1() ? "; ZeRO-1" : "") + "\n";
   o += "  parameters " + std::string(p.parallel.sliced() ? "sliced" : "whole") + " (parallel.shard: " +
        p.cfg.parallel.shard + "); gradients of host-updated segments " +
-       (p.stream_grads ? "streamed" : p.parallel.sliced() && p.micro_batches == 1 ? "sliced, in flight" : "kept until final") + " (optim.gradients: " + p.cfg.optim.gradients +
+       (p.stream_grads ? "streamed" : p.parallel.sliced() ? "sliced (whole ones in flight, slices on the GPU)" : "kept until final") + " (optim.gradients: " + p.cfg.optim.gradients +
        "); expert exchange " +
        (p.ep > 1 && p.cfg.parallel.moe.exchange_budget > 0
             ? printf_str("bounded (parallel.moe.exchange_budget: %g, %.0f round(s))", p.cfg.parallel.moe.exchange_budget,

@@ -110,13 +110,14 @@ void Trainer::build() {
   MOP_USER_CHECK(world_.comm->all_equal(dump_config(cfg_)),
                  "the ranks were started with different configurations");
 
-  // 1. The plan: every choice below comes from it (train.plan: auto searched for it).
+  // 1. The plan: every choice below comes from it (train.plan: auto searched for it). The step
+  // does not stream gradients yet: auto plans it without (mop plan still prices streaming).
+  MOP_USER_CHECK(cfg_.optim.gradients != "host", "optim.gradients: host: the step does not stream "
+                 "gradients to the host yet (mop plan prices it); use gpu or auto");
+  if (cfg_.optim.gradients == "auto") cfg_.optim.gradients = "gpu", cfg_.pinned.insert("optim.gradients");
   const Machine machine = run_machine(cfg_, world_);
   cfg_ = planned_config(cfg_, machine, world_.size);
   plan_ = make_plan(cfg_, machine, world_.size);
-  // Planned but not yet run by the step (the plan prices them; the runtime lands separately).
-  MOP_USER_CHECK(cfg_.optim.gradients != "host", "optim.gradients: host: the step does not stream "
-                 "gradients to the host yet (mop plan prices it); use gpu or auto");
 
   // 2. Backend, side streams and parallel groups (attention: cp × dp, MoE: ep × dp).
   auto timed = std::make_unique<TimedOps>(make_ops(plan_.run.device, world_.local_rank));
