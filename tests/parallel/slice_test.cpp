@@ -16,7 +16,6 @@
 
 #include "catch.h"
 #include "ckpt/safetensors.h"
-#include "data/prepare_data.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/mpi_corpus.h"
 #include "train/train_test_util.h"
@@ -119,12 +118,7 @@ void check_layout(const std::string& corpus, const std::string& root, const Layo
 TEST_CASE("sliced parameters on one rank equal whole ones, bit for bit", "[cpu][slice]") {
   spdlog::set_level(spdlog::level::warn);
   test::TempDir dir;
-  test::write_text(dir / "corpus.txt", test::sample_corpus(40000));
-  PrepareDataOptions po;
-  po.inputs = {dir / "corpus.txt"};
-  po.output = dir / "corpus";
-  po.split = DocSplit::BlankLine;
-  prepare_data(po);
+  const std::string corpus = test::prepare_corpus(dir, 40000);
   // One micro-batch (whole gradients per segment in flight) and two (kept over the step); a tied
   // embedding (a gather group of its own); host-held state (the host pipeline updates the slices).
   for (const Layout l : {Layout{1, 1, 1, 1, 1}, Layout{1, 1, 1, 1, 2}, Layout{1, 1, 1, 1, 1, true},
@@ -132,7 +126,7 @@ TEST_CASE("sliced parameters on one rank equal whole ones, bit for bit", "[cpu][
     INFO("micro-batches " << l.micro_batches << " tied " << l.tied << " host " << l.host_state);
     const std::string root = dir / ("run_" + std::to_string(l.micro_batches) + std::to_string(l.tied) +
                                     std::to_string(l.host_state));
-    check_layout(dir / "corpus", root, l, false, 0);
+    check_layout(corpus, root, l, false, 0);
   }
 }
 
