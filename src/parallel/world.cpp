@@ -8,7 +8,9 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "parallel/inprocess_comm.h"
 #include "parallel/launch.h"
+#include "parallel/mesh.h"
 #include "parallel/mpi_comm.h"
 
 namespace mop {
@@ -41,8 +43,18 @@ World World::init(int* argc, char*** argv) {
 
 std::unique_ptr<CommFactory> make_comm_factory(const World& world) {
   if (world.mpi) return make_mpi_comm_factory();
+  if (world.inprocess) return make_inprocess_comm_factory(world.inprocess, world.rank);
   MOP_CHECK(world.size == 1, "a world of ", world.size, " ranks without MPI");
   return make_self_comm_factory();
+}
+
+World inprocess_world(std::shared_ptr<InProcessWorld> ranks, int rank, int size) {
+  World w;
+  w.rank = rank, w.size = size, w.local_rank = rank, w.local_size = size;
+  w.host = "in-process";
+  w.inprocess = std::move(ranks);
+  w.comm = make_inprocess_comm_factory(w.inprocess, rank)->host(world_group(size, rank));
+  return w;
 }
 
 void World::finalize() {

@@ -10,6 +10,7 @@
 namespace mop {
 
 class CommFactory;
+class InProcessWorld;
 
 struct World {
   int rank = 0, size = 1;
@@ -17,6 +18,8 @@ struct World {
   std::string host;
   bool mpi = false;
   std::unique_ptr<Comm> comm;  // all ranks
+  // Tests: ranks that are threads of one process (parallel/inprocess_comm.h), without MPI.
+  std::shared_ptr<InProcessWorld> inprocess;
 
   // Initialises MPI when launched by an MPI launcher; sets the error context ("rank R on HOST").
   static World init(int* argc, char*** argv);
@@ -27,8 +30,10 @@ struct World {
   bool is_root() const { return rank == 0; }
 };
 
-// The comms of this job's groups (comm_factory.h): over MPI when MPI is initialised, else the self
-// comms of a world of one.
+// The comms of this job's groups (comm_factory.h): over MPI when MPI is initialised, in-process
+// for a world of threads, else the self comms of a world of one.
 std::unique_ptr<CommFactory> make_comm_factory(const World& world);
+// Rank `rank` of an in-process world of threads (inprocess_comm.h): its World, world comm included.
+World inprocess_world(std::shared_ptr<InProcessWorld> ranks, int rank, int size);
 
 }  // namespace mop

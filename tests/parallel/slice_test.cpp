@@ -9,6 +9,7 @@
 #include <mpi.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -16,6 +17,7 @@
 
 #include "catch.h"
 #include "ckpt/safetensors.h"
+#include "parallel/inprocess_comm.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/mpi_corpus.h"
 #include "train/train_test_util.h"
@@ -77,32 +79,35 @@ World world_of(bool mpi) {
   return w;
 }
 
-void train(const std::string& yaml, bool mpi) {
-  World w = world_of(mpi);
-  Trainer t(load_config_text(yaml), w);
-  t.run();
+// The six runs of one layout (every rank calls this): owner and slice straight, then owner →
+// slice and slice → owner across a resume.
+const int kSteps = 3;
+void train_layout(const std::string& corpus, const std::string& root, const Layout& l,
+                  const std::function<World()>& world) {
+  auto train = [&](const std::string& dir, const std::string& shard, int steps) {
+    World w = world();
+    Trainer t(load_config_text(config(corpus, root + "/" + dir, l, shard, steps)), w);
+    t.run();
+  };
+  train("owner", "owner", kSteps);
+  train("slice", "slice", kSteps);
+  train("os", "owner", 2);
+  train("os", "slice", kSteps);
+  train("so", "slice", 2);
+  train("so", "owner", kSteps);
 }
 
-// One layout: owner and slice straight, then owner → slice and slice → owner across a resume.
-void check_layout(const std::string& corpus, const std::string& root, const Layout& l, bool mpi, int rank) {
-  const int steps = 3;
-  const std::string owner = root + "/owner", slice = root + "/slice", os = root + "/os", so = root + "/so";
-  train(config(corpus, owner, l, "owner", steps), mpi);
-  train(config(corpus, slice, l, "slice", steps), mpi);
-  train(config(corpus, os, l, "owner", 2), mpi);
-  train(config(corpus, os, l, "slice", steps), mpi);
-  train(config(corpus, so, l, "slice", 2), mpi);
-  train(config(corpus, so, l, "owner", steps), mpi);
-  if (rank != 0) return;
-  const std::string last = "/step_" + std::to_string(steps);
-  const auto a = tensors(owner + last);
+// Rank 0, after train_layout: the same losses, and every tensor of the final checkpoints the same.
+void check_layout(const std::string& root) {
+  const std::string last = "/step_" + std::to_string(kSteps);
+  const auto a = tensors(root + "/owner" + last);
   REQUIRE(a.size() > 20);
-  CHECK(losses(owner) == losses(slice));
-  CHECK(losses(owner).size() == size_t(steps));
-  CHECK(losses(owner).front() != losses(owner).back());  // it trains
-  for (const std::string& other : {slice, os, so}) {
+  CHECK(losses(root + "/owner") == losses(root + "/slice"));
+  CHECK(losses(root + "/owner").size() == size_t(kSteps));
+  CHECK(losses(root + "/owner").front() != losses(root + "/owner").back());  // it trains
+  for (const std::string other : {"slice", "os", "so"}) {
     INFO(other);
-    const auto b = tensors(other + last);
+    const auto b = tensors(root + "/" + other + last);
     CHECK(b.size() == a.size());
     int differ = 0;
     for (const auto& [name, bytes] : a) {
@@ -113,6 +118,27 @@ void check_layout(const std::string& corpus, const std::string& root, const Layo
   }
 }
 
+std::string layout_text(const Layout& l) {
+  return "cp " + std::to_string(l.cp) + " dp " + std::to_string(l.dp) + " ep " + std::to_string(l.ep) + " edp " +
+         std::to_string(l.edp) + " micro-batches " + std::to_string(l.micro_batches) + " tied " +
+         std::to_string(l.tied) + " host " + std::to_string(l.host_state);
+}
+
+// The grid on N ranks: dense slices over dp and over cp × dp; experts sliced over edp, or one slice
+// each (edp 1); tied embeddings, several micro-batches, host-held state.
+std::vector<Layout> layouts(int N) {
+  std::vector<Layout> out;
+  out.push_back({1, N, N, 1, 1});
+  out.push_back({1, N, 1, N, 2});
+  if (N >= 2) out.push_back({2, N / 2, 2, N / 2, 1, true});
+  if (N >= 4) out.push_back({2, 2, 2, N / 2, 2, false, true});
+  if (N >= 4) out.push_back({N, 1, N, 1, 1, true, true});
+  std::vector<Layout> valid;
+  for (const Layout& l : out)
+    if (l.cp * l.dp == N && l.ep * l.edp == N && 8 % l.ep == 0) valid.push_back(l);
+  return valid;
+}
+
 }  // namespace
 
 TEST_CASE("sliced parameters on one rank equal whole ones, bit for bit", "[cpu][slice]") {
@@ -121,13 +147,31 @@ TEST_CASE("sliced parameters on one rank equal whole ones, bit for bit", "[cpu][
   const std::string corpus = test::prepare_corpus(dir, 40000);
   // One micro-batch (whole gradients per segment in flight) and two (kept over the step); a tied
   // embedding (a gather group of its own); host-held state (the host pipeline updates the slices).
+  int i = 0;
   for (const Layout l : {Layout{1, 1, 1, 1, 1}, Layout{1, 1, 1, 1, 2}, Layout{1, 1, 1, 1, 1, true},
                          Layout{1, 1, 1, 1, 2, true, true}}) {
-    INFO("micro-batches " << l.micro_batches << " tied " << l.tied << " host " << l.host_state);
-    const std::string root = dir / ("run_" + std::to_string(l.micro_batches) + std::to_string(l.tied) +
-                                    std::to_string(l.host_state));
-    check_layout(corpus, root, l, false, 0);
+    INFO(layout_text(l));
+    const std::string root = dir / ("run" + std::to_string(i++));
+    train_layout(corpus, root, l, [] { return world_of(false); });
+    check_layout(root);
   }
+}
+
+TEST_CASE("sliced parameters on N in-process ranks equal whole ones, bit for bit", "[cpu][slice]") {
+  spdlog::set_level(spdlog::level::warn);
+  test::TempDir dir;
+  const std::string corpus = test::prepare_corpus(dir, 40000);
+  int i = 0;
+  for (int N : {2, 4})
+    for (const Layout& l : layouts(N)) {
+      INFO("N " << N << " " << layout_text(l));
+      const std::string root = dir / ("run" + std::to_string(i++));
+      std::shared_ptr<InProcessWorld> ranks = make_inprocess_world(N);
+      run_inprocess(N, [&](int rank) {
+        train_layout(corpus, root, l, [&] { return inprocess_world(ranks, rank, N); });
+      });
+      check_layout(root);
+    }
 }
 
 TEST_CASE("sliced parameters on N ranks equal whole ones, bit for bit", "[mpi][slice]") {
@@ -135,19 +179,28 @@ TEST_CASE("sliced parameters on N ranks equal whole ones, bit for bit", "[mpi][s
   MPI_Comm_size(MPI_COMM_WORLD, &N), MPI_Comm_rank(MPI_COMM_WORLD, &me);
   spdlog::set_level(spdlog::level::warn);
   const test::SharedCorpus corpus = test::shared_corpus(40000);
-  std::vector<Layout> layouts;
-  // Dense slices over dp and over cp × dp; experts sliced over edp, or one slice each (edp 1).
-  layouts.push_back({1, N, N, 1, 1});
-  layouts.push_back({1, N, 1, N, 2});
-  if (N >= 2) layouts.push_back({2, N / 2, 2, N / 2, 1, true});
-  if (N >= 4) layouts.push_back({2, 2, 2, N / 2, 2, false, true});
-  if (N >= 4) layouts.push_back({N, 1, N, 1, 1, true, true});
   int i = 0;
-  for (const Layout& l : layouts) {
-    if (l.cp * l.dp != N || l.ep * l.edp != N || 8 % l.ep) continue;
-    INFO("N " << N << " cp " << l.cp << " dp " << l.dp << " ep " << l.ep << " edp " << l.edp << " micro-batches "
-              << l.micro_batches << " tied " << l.tied << " host " << l.host_state);
-    check_layout(corpus.root + "/corpus", corpus.root + "/slice" + std::to_string(i++), l, true, me);
+  for (const Layout& l : layouts(N)) {
+    INFO("N " << N << " " << layout_text(l));
+    const std::string root = corpus.root + "/slice" + std::to_string(i++);
+    train_layout(corpus.root + "/corpus", root, l, [] { return world_of(true); });
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (me == 0) {
+      check_layout(root);
+      // The same runs on N in-process ranks (threads of this process): the same bytes (with more
+      // than 2 ranks Open MPI adds in another order than rank order: compared for N = 2).
+      if (N == 2) {
+        const std::string threads = root + "_threads";
+        std::shared_ptr<InProcessWorld> ranks = make_inprocess_world(N);
+        run_inprocess(N, [&](int rank) {
+          train_layout(corpus.root + "/corpus", threads, l, [&] { return inprocess_world(ranks, rank, N); });
+        });
+        const std::string last = "/step_" + std::to_string(kSteps);
+        CHECK(tensors(threads + "/owner" + last) == tensors(root + "/owner" + last));
+        CHECK(tensors(threads + "/slice" + last) == tensors(root + "/slice" + last));
+        CHECK(losses(threads + "/slice") == losses(root + "/slice"));
+      }
+    }
     MPI_Barrier(MPI_COMM_WORLD);
   }
 }
