@@ -569,8 +569,11 @@ void Model::host_update(const std::vector<double>& fwd_segment, double until_gra
 }
 
 // Sliced parameters: each segment's weights gathered before its forward and again before its
-// backward (the last segment's stay from its forward), per micro-batch; the gather of segment s
-// runs while the segment before it computes (two buffers), the first of a pass exposed.
+// backward (the last segment's stay from its forward), per micro-batch. The step gathers on the
+// compute stream (no prefetch yet): every gather is exposed. (Prefetched one segment ahead into
+// the other slot, a gather would hide behind the compute of the segment before it; kPrefetch
+// prices that design.)
+constexpr bool kPrefetch = false;
 void Model::gathers(const std::vector<double>& fwd, const std::vector<double>& bwd) {
   if (!p_.parallel.sliced()) return;
   const ModelLayout& local = p_.local_layout();
@@ -586,14 +589,14 @@ void Model::gathers(const std::vector<double>& fwd, const std::vector<double>& b
   double total = 0, exposed = 0;
   for (int s = 0; s < segments; ++s) {
     total += g[size_t(s)];
-    exposed += s == 0 ? g[0] : std::max(0.0, g[size_t(s)] - fwd[size_t(s - 1)]);
+    exposed += !kPrefetch || s == 0 ? g[size_t(s)] : std::max(0.0, g[size_t(s)] - fwd[size_t(s - 1)]);
   }
   set(kGathers, Phase::Forward);
   overlapped_comm(total, exposed);
   total = exposed = 0;
   for (int s = segments - 2; s >= 0; --s) {
     total += g[size_t(s)];
-    exposed += std::max(0.0, g[size_t(s)] - bwd[size_t(s + 1)]);
+    exposed += !kPrefetch ? g[size_t(s)] : std::max(0.0, g[size_t(s)] - bwd[size_t(s + 1)]);
   }
   set(kGathers, Phase::Backward);
   overlapped_comm(total, exposed);
