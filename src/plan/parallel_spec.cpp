@@ -43,4 +43,13 @@ ParallelSpec make_parallel_spec(const ModelLayout& layout, int cp, int dp, int e
   return spec;
 }
 
+ParamSlices param_slices(const ParallelSpec& spec, int rank, int micro_batches, bool allocate) {
+  ParamSlices slices;
+  for (int p = 0; p < int(spec.params.size()); ++p)
+    slices.n.push_back(spec.group_size(p)), slices.index.push_back(spec.replica_index(rank, p));
+  slices.pool_grads = micro_batches == 1;
+  slices.allocate = allocate;
+  return slices;
+}
+
 }  // namespace mop

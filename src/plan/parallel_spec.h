@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/model_spec.h"
+#include "model/params.h"
 
 namespace mop {
 
@@ -64,5 +65,9 @@ struct ParallelSpec {
 // rank), else every parameter replicated. Without slice, one rank is always replicated.
 ParallelSpec make_parallel_spec(const ModelLayout& layout, int cp, int dp, int ep, int edp, bool zero,
                                 bool slice = false);
+
+// The parameter store's slices of `rank` under a sliced spec (model/params.h): per parameter its
+// replica count and this rank's replica index; whole gradients pooled with one micro-batch.
+ParamSlices param_slices(const ParallelSpec& spec, int rank, int micro_batches, bool allocate = true);
 
 }  // namespace mop

@@ -196,12 +196,8 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
     // What the step runs: the parameter store's slices and gather slots (model/params.h: two
     // slots of the largest segment, a tied embedding's own, a one-replica parameter in place),
     // every slice's gradients on the device, host-updated slices through the plain host pipeline.
-    ParamSlices slices;
-    for (int q = 0; q < int(local.params.size()); ++q)
-      slices.n.push_back(parallel.group_size(q)), slices.index.push_back(parallel.replica_index(rank, q));
-    slices.pool_grads = micro_batches == 1;
-    slices.allocate = false;
-    const ParamStore store(local, run.compute, run.grad, MemKind::Host, std::move(slices));
+    const ParamStore store(local, run.compute, run.grad, MemKind::Host,
+                           param_slices(parallel, rank, micro_batches, /*allocate=*/false));
     m.weights = store.weight_bytes(), m.grads = store.grad_bytes();
     staged = staged_cpu = streamed = 0;
     for (int q = 0; q < int(local.params.size()); ++q)

@@ -146,13 +146,8 @@ void Trainer::build() {
   layout_ = ModelLayout::build(ModelDims::from(cfg_, groups_->ep, groups_->ep_size));
   MemKind mem = plan_.run.device == Device::CUDA ? MemKind::Device : MemKind::Host;
   if (plan_.parallel.sliced()) {  // parallel.shard: slice
-    ParamSlices slices;
-    for (int p = 0; p < int(layout_.params.size()); ++p) {
-      slices.n.push_back(plan_.parallel.group_size(p));
-      slices.index.push_back(plan_.parallel.replica_index(world_.rank, p));
-    }
-    slices.pool_grads = plan_.micro_batches == 1;
-    params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem, std::move(slices));
+    params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem,
+                                           param_slices(plan_.parallel, world_.rank, plan_.micro_batches));
   } else {
     params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem);
   }
