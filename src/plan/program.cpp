@@ -28,10 +28,8 @@ ProgramShape program_shape(const Plan& plan, int rank) {
   s.tied = layout.lm_head == layout.embedding;
   // Sliced: the sums are issued on the compute stream, each freeing its gradients' slot.
   if (s.sliced) s.async_reduce = false;
-  // Sliced: the overlapped update is supported by the schedule (each segment's slices gathered
-  // after their update) but stays off until it has been measured correct on a GPU: its first H200
-  // run raced the step's gradient zeroing against the update stream (fixed since, unmeasured).
-  s.device_update_overlapped = plan.cfg.optim.overlap && !any_host && !s.zero1 && !s.sliced;
+  // Sliced: each segment's slices are gathered once their update is done (WaitUpdate first).
+  s.device_update_overlapped = plan.cfg.optim.overlap && !any_host && !s.zero1;
   return s;
 }
 

@@ -166,12 +166,12 @@ TEST_CASE("program: its text and JSON forms", "[cpu][plan]") {
 
 TEST_CASE("program: sliced parameters gather, release and reduce-scatter each segment", "[cpu][plan]") {
   // One micro-batch: whole gradients only for the segments in flight.
-  const Plan plan = tiny_plan({"parallel.shard=slice", "train.global_batch_size=8"}, 1);
+  const Plan plan = tiny_plan({"parallel.shard=slice", "train.global_batch_size=8", "optim.overlap=false"}, 1);
   REQUIRE(plan.micro_batches == 1);
   REQUIRE(plan.parallel.sliced());
   const StepProgram p = make_step_program(plan, 0);
   CHECK(p.shape.pool_grads);
-  CHECK(!p.shape.device_update_overlapped);  // off with sliced parameters for now (program.cpp)
+  CHECK(!p.shape.device_update_overlapped);
   CHECK(compact(p.gradients) ==
         "begin-forward m0 | gather 0 m0 | forward 0 m0 | release 0 m0 | gather 1 m0 | forward 1 m0 | "
         "release 1 m0 | gather 2 m0 | forward 2 m0 | release 2 m0 | gather 3 m0 | forward 3 m0 | "
@@ -183,6 +183,15 @@ TEST_CASE("program: sliced parameters gather, release and reduce-scatter each se
         "backward 1 m0 | release 1 m0 | reduce-scatter 1 m0 | gather 0 m0 | grad-slot 0 m0 | "
         "backward 0 m0 | release 0 m0 | reduce-scatter 0 m0 | read-losses (host)");
   CHECK(compact(p.apply) == "optimizer");
+
+  // With the overlapped device update each segment's slices are gathered once their update is
+  // done: a wait-update right before every forward gather.
+  const StepProgram o = make_step_program(tiny_plan({"parallel.shard=slice", "train.global_batch_size=8"}, 1), 0);
+  CHECK(o.shape.device_update_overlapped);
+  CHECK(compact(o.gradients).find("begin-forward m0 | wait-update 0 m0 | gather 0 m0 | forward 0 m0 | release 0 m0 | "
+                                  "wait-update 1 m0 | gather 1 m0 |") == 0);
+  CHECK(compact(o.apply) == "optimizer | device-update 0 (update) | device-update 1 (update) | device-update 2 "
+                            "(update) | device-update 3 (update) | device-update 4 (update) | device-update 5 (update)");
 
   // Every layout run against the parameter store's two slots: each forward and backward finds
   // its weights gathered (a tied embedding's too) and each backward its gradients' slot; every
