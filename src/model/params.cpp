@@ -67,9 +67,12 @@ ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad
   for (int64_t e : gslots) grad_bytes_ += size_t(e) * dtype_size(grad_dtype);
   weight_slot_.assign(size_t(groups), -1);
   weight_owner_.assign(wslots.size(), -1);
+  weight_freed_.assign(wslots.size(), 0);
+  pooled_group_.assign(size_t(groups), slices_.pool_grads);
   if (slices_.pool_grads) {
     grad_slot_.assign(size_t(groups), -1);
     grad_owner_.assign(gslots.size(), -1);
+    grad_freed_.assign(gslots.size(), 0);
   } else {  // every group's gradients for the whole step
     for (int g = 0; g < groups; ++g) grad_slot_.push_back(g);
   }
@@ -78,6 +81,54 @@ ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad
   slice_grads_ = Buffer(mem, size_t(slice_total) * dtype_size(grad_dtype));
   for (int64_t e : wslots) weight_slots_.emplace_back(mem, size_t(e) * dtype_size(weight_dtype));
   for (int64_t e : gslots) grad_slots_.emplace_back(mem, size_t(e) * dtype_size(grad_dtype));
+}
+
+ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad_dtype, MemKind mem,
+                       PooledGrads pooled)
+    : ParamStore(layout, weight_dtype, grad_dtype, mem, /*allocate=*/false) {
+  const int segments = num_segments(layout.dims);
+  MOP_CHECK(int(pooled.segments.size()) == segments, "pooled gradients for ", pooled.segments.size(),
+            " segments of ", segments);
+  const bool tied = layout.lm_head == layout.embedding;
+  const int groups = segments + (tied ? 1 : 0);
+  group_params_.assign(size_t(groups), {});
+  pooled_group_.assign(size_t(groups), 0);
+  for (int s = 0; s < segments; ++s) pooled_group_[size_t(s)] = pooled.segments[size_t(s)];
+  if (tied) pooled_group_[size_t(segments)] = pooled.segments[0];
+  std::vector<int64_t> group_elems(size_t(groups), 0);
+  int64_t resident = 0;
+  for (int p = 0; p < num_params(); ++p) {
+    const int g = tied && p == layout.embedding ? segments : param_segment(layout, p);
+    const int64_t a = aligned_numel(layout.params[p].numel());
+    group_of_.push_back(g);
+    group_params_[size_t(g)].push_back(p);
+    if (pooled_group_[size_t(g)]) {
+      slot_off_.push_back(group_elems[size_t(g)]), grad_off_.push_back(-1);
+      group_elems[size_t(g)] += a;
+    } else {
+      slot_off_.push_back(-1), grad_off_.push_back(resident);
+      resident += a;
+    }
+  }
+  const int64_t shared = *std::max_element(group_elems.begin(), group_elems.begin() + segments);
+  std::vector<int64_t> gslots = {shared, shared};
+  if (tied) gslots.push_back(group_elems[size_t(segments)]);
+  grad_slot_.assign(size_t(groups), -1);
+  grad_owner_.assign(gslots.size(), -1);
+  grad_freed_.assign(gslots.size(), 0);
+  weight_bytes_ = size_t(total_) * dtype_size(weight_dtype);
+  grad_bytes_ = size_t(resident) * dtype_size(grad_dtype);
+  for (int64_t e : gslots) grad_bytes_ += size_t(e) * dtype_size(grad_dtype);
+  if (!pooled.allocate) return;
+  weights_ = Buffer(mem, size_t(total_) * dtype_size(weight_dtype));
+  grads_ = Buffer(mem, size_t(resident) * dtype_size(grad_dtype));
+  for (int64_t e : gslots) grad_slots_.emplace_back(mem, size_t(e) * dtype_size(grad_dtype));
+}
+
+Tensor ParamStore::resident_grad(int p) const {
+  MOP_CHECK(p >= 0 && p < num_params() && grad_off_[size_t(p)] >= 0, "parameter ", p, "'s gradients are pooled");
+  return shaped_view(static_cast<char*>(grads_.data()) + size_t(grad_off_[size_t(p)] - offsets_[p]) * dtype_size(grad_dtype_),
+                     grad_dtype_, grads_.device(), p);
 }
 
 Tensor ParamStore::slice_weight(int p) const {
@@ -119,40 +170,46 @@ Tensor ParamStore::padded_grad(int p) const {
   return in_slot(grad_slots_, grad_slot_, grad_dtype_, p, true, "gradients");
 }
 
-int ParamStore::bind(std::vector<int>& bound, std::vector<int>& owner, int g) {
+int ParamStore::bind(std::vector<int>& bound, std::vector<int>& owner, std::vector<uint64_t>& freed, int g) {
   MOP_CHECK(g >= 0 && g < num_gather_groups(), "gather group ", g);
   if (bound[size_t(g)] >= 0) return bound[size_t(g)];
   const bool own = g == num_segments(layout_.dims);  // the tied embedding's slot
-  int slot = own ? 2 : (owner[0] < 0 ? 0 : owner[1] < 0 ? 1 : -1);
+  int slot = 2;
+  if (!own) {
+    slot = owner[0] < 0 ? 0 : owner[1] < 0 ? 1 : -1;
+    if (owner[0] < 0 && owner[1] < 0 && freed[1] < freed[0]) slot = 1;  // the one freed longest ago
+  }
   MOP_CHECK(slot >= 0, "no free gather slot for group ", g, " (slots hold ", owner[0], " and ", owner[1], ")");
   owner[size_t(slot)] = g;
   return bound[size_t(g)] = slot;
 }
 
-void ParamStore::bind_weights(int g) { bind(weight_slot_, weight_owner_, g); }
-
-void ParamStore::release_weights(int g) {
-  const int slot = weight_slot_[size_t(g)];
-  if (slot >= 0) weight_owner_[size_t(slot)] = -1, weight_slot_[size_t(g)] = -1;
+void ParamStore::release(std::vector<int>& bound, std::vector<int>& owner, std::vector<uint64_t>& freed, int g) {
+  const int slot = bound[size_t(g)];
+  if (slot < 0) return;
+  owner[size_t(slot)] = -1, bound[size_t(g)] = -1;
+  freed[size_t(slot)] = ++releases_;
 }
 
+void ParamStore::bind_weights(int g) { bind(weight_slot_, weight_owner_, weight_freed_, g); }
+
+void ParamStore::release_weights(int g) { release(weight_slot_, weight_owner_, weight_freed_, g); }
+
 void ParamStore::bind_grads(int g) {
-  MOP_CHECK(slices_.pool_grads, "bind_grads: the gradients are not pooled");
-  bind(grad_slot_, grad_owner_, g);
+  MOP_CHECK(group_pooled(g), "bind_grads: group ", g, "'s gradients are not pooled");
+  bind(grad_slot_, grad_owner_, grad_freed_, g);
 }
 
 void ParamStore::release_grads(int g) {
-  if (!slices_.pool_grads) return;
-  const int slot = grad_slot_[size_t(g)];
-  if (slot >= 0) grad_owner_[size_t(slot)] = -1, grad_slot_[size_t(g)] = -1;
+  if (group_pooled(g)) release(grad_slot_, grad_owner_, grad_freed_, g);
 }
 
 size_t ParamStore::weight_bytes() const {
-  return sliced() ? weight_bytes_ : size_t(total_) * dtype_size(weight_dtype_);
+  return sliced() || streams_grads() ? weight_bytes_ : size_t(total_) * dtype_size(weight_dtype_);
 }
 
 size_t ParamStore::grad_bytes() const {
-  return sliced() ? grad_bytes_ : size_t(total_) * dtype_size(grad_dtype_);
+  return sliced() || streams_grads() ? grad_bytes_ : size_t(total_) * dtype_size(grad_dtype_);
 }
 
 Tensor ParamStore::weights_flat() const {
@@ -160,6 +217,7 @@ Tensor ParamStore::weights_flat() const {
 }
 
 Tensor ParamStore::grads_flat() const {
+  MOP_CHECK(!streams_grads(), "grads_flat: some gradients are pooled");
   return Tensor(grads_.data(), grad_dtype_, {total_}, grads_.device());
 }
 

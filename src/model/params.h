@@ -32,6 +32,15 @@ struct ParamSlices {
   bool allocate = true;  // false: sizes only (the plan's memory)
 };
 
+// Streamed gradients (whole parameters, optim.gradients: host): the gradients of the segments
+// marked in `segments` (a tied embedding's with segment 0's, in a slot of its own) exist only
+// while their group is bound to a slot — two shared by the segments — so only the segments in
+// flight have them; every other parameter's are in one buffer for the whole step.
+struct PooledGrads {
+  std::vector<bool> segments;  // per segment
+  bool allocate = true;
+};
+
 class ParamStore {
  public:
   // allocate = false gives a store of shapes only (for planning memory without using it).
@@ -40,6 +49,9 @@ class ParamStore {
   // Sliced (see ParamSlices).
   ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad_dtype, MemKind mem,
              ParamSlices slices);
+  // Whole parameters, some segments' gradients pooled (see PooledGrads).
+  ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad_dtype, MemKind mem,
+             PooledGrads pooled);
 
   const ModelLayout& layout() const { return layout_; }
   int num_params() const { return int(layout_.params.size()); }
@@ -51,8 +63,8 @@ class ParamStore {
                     : shaped(weights_, weight_dtype_, p);
   }
   Tensor grad(int p) const {
-    return sliced() ? in_slot(grad_slots_, grad_slot_, grad_dtype_, p, false, "gradients")
-                    : shaped(grads_, grad_dtype_, p);
+    if (sliced() || grad_pooled(p)) return in_slot(grad_slots_, grad_slot_, grad_dtype_, p, false, "gradients");
+    return grad_off_.empty() ? shaped(grads_, grad_dtype_, p) : resident_grad(p);
   }
   Tensor weights_flat() const;
   Tensor grads_flat() const;
@@ -81,11 +93,20 @@ class ParamStore {
   int num_gather_groups() const { return int(group_params_.size()); }
   const std::vector<int>& group_params(int g) const { return group_params_[size_t(g)]; }
   bool weights_bound(int g) const { return weight_slot_[size_t(g)] >= 0; }
-  bool grads_bound(int g) const { return !slices_.pool_grads || grad_slot_[size_t(g)] >= 0; }
+  bool grads_bound(int g) const { return !group_pooled(g) || grad_slot_[size_t(g)] >= 0; }
   bool pools_grads() const { return slices_.pool_grads; }
+  // Pooled gradients (sliced with pool_grads, or PooledGrads): whether group g's / parameter p's
+  // gradients live in a slot, and which slot group g has (-1: none).
+  bool group_pooled(int g) const { return !pooled_group_.empty() && pooled_group_[size_t(g)]; }
+  bool grad_pooled(int p) const { return !group_of_.empty() && group_pooled(group_of_[size_t(p)]); }
+  bool streams_grads() const { return !sliced() && !pooled_group_.empty(); }  // a PooledGrads store
+  int grad_slot(int g) const { return grad_slot_[size_t(g)]; }
   void bind_weights(int g);
   void release_weights(int g);
-  void bind_grads(int g);  // pool_grads only; the caller zeroes them
+  // A pooled group's gradients get a slot (the caller zeroes them or fills them): of the free
+  // shared slots the one freed longest ago, so what still reads the slot freed last (a copy to
+  // the host) can go on beside the next segment.
+  void bind_grads(int g);
   void release_grads(int g);
   // Device bytes of the weights and the gradients (sliced: slices and slots together).
   size_t weight_bytes() const;
@@ -94,7 +115,9 @@ class ParamStore {
  private:
   Tensor in_slot(const std::vector<Buffer>& slots, const std::vector<int>& bound, DType dtype, int p,
                  bool padded, const char* what) const;
-  int bind(std::vector<int>& bound, std::vector<int>& owner, int g);
+  int bind(std::vector<int>& bound, std::vector<int>& owner, std::vector<uint64_t>& freed, int g);
+  void release(std::vector<int>& bound, std::vector<int>& owner, std::vector<uint64_t>& freed, int g);
+  Tensor resident_grad(int p) const;  // a PooledGrads store's unpooled gradients
 
   const ModelLayout& layout_;
   DType weight_dtype_, grad_dtype_;
@@ -108,6 +131,10 @@ class ParamStore {
   std::vector<int> group_of_;
   std::vector<std::vector<int>> group_params_;
   std::vector<int> weight_slot_, grad_slot_, weight_owner_, grad_owner_;
+  std::vector<uint64_t> weight_freed_, grad_freed_;  // per slot: when it was last released
+  uint64_t releases_ = 0;
+  std::vector<char> pooled_group_;  // per group: its gradients in a slot
+  std::vector<int64_t> grad_off_;   // PooledGrads: per parameter its offset in grads_ (-1: pooled)
   Buffer slice_weights_, slice_grads_;
   size_t weight_bytes_ = 0, grad_bytes_ = 0;
   std::vector<Buffer> weight_slots_, grad_slots_;  // [0, 1] shared, [2] the tied embedding's

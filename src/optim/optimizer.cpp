@@ -3,6 +3,7 @@
 #include "optim/optimizer.h"
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 namespace mop {
@@ -31,7 +32,8 @@ Optimizer::Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops,
   for (int s = 0; s < num_segments(params.layout().dims); ++s)  // forward order
     for (int p = 0; p < n; ++p)
       if (on_host(p) && owns(p) && param_segment(params.layout(), p) == s)
-        host_params_.push_back({p, s, master(p), exp_avg(p), exp_avg_sq(p), update_grad(p), update_weights(p)});
+        host_params_.push_back({p, s, master(p), exp_avg(p), exp_avg_sq(p), host_param_grad(p), update_weights(p)});
+  norm_taken_.assign(size_t(n), 0);
 }
 
 Optimizer::~Optimizer() = default;
@@ -47,6 +49,23 @@ int64_t Optimizer::state_numel(int p) const {
 }
 
 Tensor Optimizer::update_grad(int p) const { return params_.sliced() ? params_.slice_grad(p) : params_.grad(p); }
+
+Tensor Optimizer::host_param_grad(int p) const {
+  if (!params_.grad_pooled(p) || params_.sliced()) return update_grad(p);
+  // Streamed: the gradient has no place of its own; its shape, and the schedule hands it over.
+  const auto& shape = params_.layout().params[p].shape;
+  Tensor t(nullptr, params_.grad_dtype(), {}, params_.weight(p).device);
+  t.ndim = int(shape.size());
+  for (int i = 0; i < t.ndim; ++i) t.shape[i] = shape[i];
+  return t;
+}
+
+void Optimizer::take_norm(int p) {
+  const DType acc = acc_dtype(params_.grad_dtype());
+  ops_.sumsq(Tensor(static_cast<char*>(norms_.data()) + size_t(p) * dtype_size(acc), acc, {1}, norms_.device()),
+             update_grad(p));
+  norm_taken_[size_t(p)] = 1;
+}
 
 Tensor Optimizer::update_weights(int p) const {
   return params_.sliced() ? params_.slice_weight(p) : params_.weight(p);
@@ -110,7 +129,8 @@ StepReport Optimizer::step(float lr, bool defer_native) {
   auto norm_slot = [&](int p) {
     return Tensor(static_cast<char*>(norms_.data()) + size_t(p) * dtype_size(acc), acc, {1}, dev);
   };
-  for (int p = 0; p < n; ++p) ops_.sumsq(norm_slot(p), update_grad(p));
+  for (int p = 0; p < n; ++p)
+    if (!std::exchange(norm_taken_[size_t(p)], char(0))) ops_.sumsq(norm_slot(p), update_grad(p));
   std::vector<double> sq(n);
   ops_.copy(Tensor(sq.data(), DType::F64, {n}), Tensor(norms_.data(), acc, {n}, dev));
   double local = 0, shard = 0;

@@ -30,7 +30,8 @@ struct HostParam {
   int param = 0;
   int segment = 0;      // model/params.h: 0 embedding, 1..L layers, L+1 final norm and LM head
   Tensor master, m, v;  // fp32, host memory
-  Tensor grad;          // accumulated gradient on the ops device (fp32)
+  Tensor grad;          // accumulated gradient on the ops device (fp32); no data when streamed
+                        // (the schedule hands it to HostPipeline::grads_final)
   Tensor weights;       // compute weights on the ops device
 };
 
@@ -59,6 +60,9 @@ class Optimizer {
   // what step() runs for every native parameter this rank owns.
   void update_native(int p, Ops& ops) const;
   bool updates_natively(int p) const { return !on_host(p) && owns(p); }
+  // Streamed gradients: Σg² of p's final gradient now, while it is still on the device (the same
+  // kernel into the same slot step() would use; step() then leaves it).
+  void take_norm(int p);
   // The host-placed parameters this rank updates, in forward order (segment by segment).
   const std::vector<HostParam>& host_params() const { return host_params_; }
 
@@ -85,6 +89,7 @@ class Optimizer {
 
  private:
   Tensor state(int which, int p) const;
+  Tensor host_param_grad(int p) const;
   int64_t state_numel(int p) const;
   AdamWArgs with_decay(int p) const;
   OptimConfig cfg_;
@@ -95,6 +100,7 @@ class Optimizer {
   std::vector<int64_t> offset_;  // per parameter, in its placement's buffers
   Buffer native_[3], host_[3];   // master, m, v
   Buffer norms_;                 // acc scalars: one Σg² per parameter
+  std::vector<char> norm_taken_;  // per parameter: its Σg² taken this step already (take_norm)
   std::vector<HostParam> host_params_;
   int64_t updates_ = 0;
   AdamWArgs args_;  // the last applied step's (weight decay per parameter on top)

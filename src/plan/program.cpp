@@ -26,6 +26,13 @@ ProgramShape program_shape(const Plan& plan, int rank) {
   s.sliced = plan.parallel.sliced();
   s.pool_grads = s.sliced && s.micro_batches == 1;
   s.tied = layout.lm_head == layout.embedding;
+  // Streamed gradients: every parameter of a segment whose state is on the host (owned here or
+  // not: ZeRO-1 sums them all).
+  if (plan.stream_grads) {
+    s.streamed.assign(size_t(s.segments), false);
+    for (int p = 0; p < int(layout.params.size()); ++p)
+      if (plan.state_on_host[size_t(p)]) s.streamed[size_t(param_segment(layout, p))] = true;
+  }
   // Sliced: the sums are issued on the compute stream, each freeing its gradients' slot.
   if (s.sliced) s.async_reduce = false;
   // Sliced: each segment's slices are gathered once their update is done (WaitUpdate first).
@@ -33,13 +40,36 @@ ProgramShape program_shape(const Plan& plan, int rank) {
   return s;
 }
 
+bool ProgramShape::streams() const {
+  for (bool s : streamed)
+    if (s) return true;
+  return false;
+}
+
 namespace {
 
 // Whole parameters: every micro-batch's forward, then its backward; the last backward hands each
-// segment's gradients on (sums, host copies) as soon as they are final.
+// segment's gradients on (sums, host copies) as soon as they are final. A streamed segment's
+// gradients get a slot before they are first written in a micro-batch (zeroed in the first, the
+// running sum back from the host in the others) and leave it after its backward: the running sum
+// to the host, or (the last) summed over the ranks, their norms taken and sent to the host.
 void plain_gradients(const ProgramShape& shape, std::vector<Action>& g) {
-  const int S = shape.segments;
+  const int S = shape.segments, tied = S;  // the tied embedding's gradient group
   auto host = [&](int s) { return !shape.host_segments.empty() && shape.host_segments[size_t(s)]; };
+  auto add = [&](ActionKind k, int s, int m, StreamKind st = StreamKind::Compute) {
+    g.push_back({k, s, s + 1, m, st});
+  };
+  // The gradient groups of segment s: its own, and with a tied head the embedding's.
+  auto groups = [&](int s) {
+    std::vector<int> out;
+    if (shape.tied && s == 0) out.push_back(tied);
+    out.push_back(s);
+    return out;
+  };
+  auto slot = [&](int group, int m) {  // the first write of a streamed group in micro-batch m
+    const int seg = group == tied ? 0 : group;
+    if (shape.streamed_segment(seg)) add(ActionKind::GradSlot, group, m);
+  };
   g.push_back({ActionKind::ZeroGrads, -1, -1, -1, StreamKind::Compute});
   const StreamKind sums = shape.async_reduce ? StreamKind::GradSums : StreamKind::Compute;
   for (int m = 0; m < shape.micro_batches; ++m) {
@@ -48,11 +78,30 @@ void plain_gradients(const ProgramShape& shape, std::vector<Action>& g) {
     for (int s = 0; s < S; ++s) {
       if (host(s)) g.push_back({ActionKind::WeightsReady, s, s + 1, m, StreamKind::Compute});
       if (shape.device_update_overlapped) g.push_back({ActionKind::WaitUpdate, s, s + 1, m, StreamKind::Compute});
+      if (s == S - 1) {  // the fused LM head writes its gradients (a tied one: the embedding's) in the forward
+        if (shape.tied) slot(tied, m);
+        slot(s, m);
+      }
       g.push_back({ActionKind::Forward, s, s + 1, m, StreamKind::Compute});
     }
     g.push_back({ActionKind::BeginBackward, -1, -1, m, StreamKind::Compute});
     for (int s = S - 1; s >= 0; --s) {
+      if (s < S - 1) slot(s, m);
       g.push_back({ActionKind::Backward, s, s + 1, m, StreamKind::Compute});
+      if (shape.streamed_segment(s)) {
+        if (last) {
+          if (shape.reduce) {
+            add(ActionKind::ReduceGrads, s, m, sums);
+            g.push_back({ActionKind::JoinReduce, -1, -1, m, StreamKind::Compute});
+          }
+          add(ActionKind::GradNorms, s, m);
+          if (host(s)) add(ActionKind::GradsToHost, s, m, StreamKind::HostCopy);
+        } else {
+          add(ActionKind::StashGrads, s, m, StreamKind::HostCopy);
+        }
+        for (int grp : groups(s)) add(ActionKind::ReleaseGrads, grp, m);
+        continue;
+      }
       if (!last) continue;
       // The segment's gradients are final: sum them, and a host update copies the sums.
       if (shape.reduce) {
@@ -151,6 +200,9 @@ const char* action_name(ActionKind k) {
     case ActionKind::Release: return "release";
     case ActionKind::GradSlot: return "grad-slot";
     case ActionKind::ReduceScatter: return "reduce-scatter";
+    case ActionKind::StashGrads: return "stash-grads";
+    case ActionKind::GradNorms: return "grad-norms";
+    case ActionKind::ReleaseGrads: return "release-grads";
     case ActionKind::BeginForward: return "begin-forward";
     case ActionKind::WeightsReady: return "weights-ready";
     case ActionKind::WaitUpdate: return "wait-update";
@@ -198,6 +250,15 @@ std::string program_text(const StepProgram& p) {
     out += "sliced parameters: gather groups are segments" +
            (s.tied ? "; group " + std::to_string(s.segments) + " is the tied embedding" : std::string()) +
            (s.pool_grads ? "; whole gradients only for the segments in flight" : "; whole gradients kept over the micro-batches") + "\n";
+  if (s.streams()) {
+    std::string segs;
+    for (int i = 0; i < s.segments; ++i)
+      if (s.streamed_segment(i)) segs += (segs.empty() ? "" : ", ") + std::to_string(i);
+    out += "streamed gradients: segments " + segs + " (in a slot only while in flight" +
+           (s.tied && s.streamed_segment(0) ? "; group " + std::to_string(s.segments) + " is the tied embedding's"
+                                            : std::string()) +
+           (s.micro_batches > 1 ? "; the running sums on the host between micro-batches)\n" : ")\n");
+  }
   out += "gradients:\n";
   for (const Action& a : p.gradients) out += describe(a) + "\n";
   out += "apply:\n";

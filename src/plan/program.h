@@ -38,9 +38,15 @@ enum class ActionKind {
   // parameters, or (tied embedding) the group `segments` of its own.
   Gather,         // group g: a slot for its weights, every replica's slices gathered into it
   Release,        // group g: its weights' slot freed
-  GradSlot,       // group g: a slot for its whole gradients (one micro-batch), zeroed
+  GradSlot,       // group g: a slot for its whole gradients, zeroed (sliced: one micro-batch;
+                  // streamed: the first micro-batch, later ones get the running sum back)
   ReduceScatter,  // group g: its gradients summed over the replicas, each keeping its slice; the
                   // slot freed
+  // Streamed gradients (optim.gradients: host; whole parameters): the segments whose state is on
+  // the host keep their gradients in the slots of the gradient groups above while in flight.
+  StashGrads,     // segment s (not the last micro-batch): its gradients' running sum to the host
+  GradNorms,      // segment s: the Σg² of its final gradients (the optimizer's global norm)
+  ReleaseGrads,   // group g: its gradients' slot freed
 };
 
 // Where an action's device work runs.
@@ -72,6 +78,9 @@ struct ProgramShape {
   bool sliced = false;              // parallel.shard: slice
   bool pool_grads = false;          // sliced, one micro-batch: whole gradients per segment in flight
   bool tied = false;                // the LM head reads the embedding (a gather group of its own)
+  std::vector<bool> streamed;       // per segment: its gradients streamed (empty: none)
+  bool streams() const;
+  bool streamed_segment(int s) const { return !streamed.empty() && streamed[size_t(s)]; }
 };
 
 struct StepProgram {

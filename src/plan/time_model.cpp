@@ -518,10 +518,13 @@ void Model::host_update(const std::vector<double>& fwd_segment, double until_gra
     const double k = double(sliced(q) ? p_.parallel.slice_numel(int(q), numel) : numel);
     const size_t s = size_t(param_segment(local, int(q)));
     n[s] += k, total += k;
-    const double bytes = sliced(q) ? 4 * k : p_.grads_in_flight(int(q)) ? 4 * double(numel) : 2 * double(numel);
+    const double bytes = sliced(q) ? 4 * k : 2 * double(numel);
     last_copy[s] += bytes;
-    copied += bytes * (!sliced(q) && p_.grads_in_flight(int(q)) ? m : 1);  // streamed: every micro-batch
+    copied += bytes;
   }
+  // Streamed with several micro-batches: every earlier micro-batch's running sums (fp32) too.
+  for (size_t q = 0; q < local.params.size(); ++q)
+    if (!sliced(q) && p_.grads_in_flight(int(q))) copied += 4.0 * double(local.params[q].numel()) * (m - 1);
   const bool device = p_.run.device != Device::CPU;
   st_.grad_to_host = device ? copied / l_.d2h : 0;
   st_.weights_to_device = device ? total * 2 / l_.h2d : 0;
@@ -621,7 +624,7 @@ void Model::grad_drain(const std::vector<double>& bwd) {
       const Group grp = p_.parallel.params[q].group == ReplicaGroup::Edp ? edp_group_ : world_group_;
       t = reduce_scatter(bytes, grp) + (host ? double(p_.parallel.slice_numel(int(q), n)) * 4 / l_.d2h : 0);
     } else {
-      t = bytes / l_.d2h;
+      t = bytes / l_.d2h;  // fp32 running sums (the last micro-batch's: bf16, converted first)
     }
     drain[size_t(param_segment(local, int(q)))] += t;
   }
@@ -706,12 +709,22 @@ StepTime Model::run() {
     repeat_ = streamed ? m : 1;
     grad_drain(bwd);
     repeat_ = keep;
+    if (streamed && m > 1 && p_.run.device != Device::CPU) {
+      // The running sums come back before each later micro-batch's backward of their segment,
+      // on the compute stream: exposed.
+      double up = 0;
+      for (size_t q = 0; q < p_.parallel.params.size(); ++q)
+        if (!sliced(q) && p_.grads_in_flight(int(q))) up += 4.0 * double(p_.local_layout().params[q].numel());
+      repeat_ = 1;
+      set(kGradSums, Phase::Backward);
+      charge(OpCategory::Other, up * (m - 1) / l_.h2d);
+      repeat_ = keep;
+    }
   }
 
   // Once per step: zero the gradients, read the losses, the optimizer.
   repeat_ = 1;
   set(kOptimizer, Phase::Backward);
-  const ModelLayout& local = p_.local_layout();
   mem(OpCategory::Other, double(p_.memory.grads), d_.copy_bw);  // the gradients the device keeps
   sync();
 

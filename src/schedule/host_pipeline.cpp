@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "core/memory.h"
 #include "optim/host_adamw.h"
@@ -43,9 +44,11 @@ void HostPipeline::stop() {
   dispatcher_.join();
 }
 
-void HostPipeline::grads_final(int segment) {
+void HostPipeline::grads_final(int segment, const GradSource& grad) {
+  bool begun = false;
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].segment == segment && !copied_[i]) {
+      if (!std::exchange(begun, true)) begin_copies(segment);
       const double t0 = now();
       {  // the previous round's state pass may still read the gradient staging
         std::unique_lock<std::mutex> lock(mu_);
@@ -58,11 +61,17 @@ void HostPipeline::grads_final(int segment) {
         stats_.wait_seconds += t1 - t0;
         gate_seconds_ += t1 - t0;
       }
-      const double bytes = copy_grad(i);
+      Tensor g = params_[i].grad;
+      if (!g.data) {
+        MOP_CHECK(bool(grad), "the streamed gradient of parameter ", params_[i].param, " was not handed over");
+        g = grad(params_[i].param);
+      }
+      const double bytes = copy_grad(i, g);
       copied_[i] = true;
       std::lock_guard<std::mutex> lock(mu_);
       stats_.bytes_to_host += bytes;
     }
+  if (begun) end_copies(segment);
 }
 
 void HostPipeline::update(const std::vector<AdamWArgs>& args, bool overlap) {
@@ -221,8 +230,9 @@ class CpuHostPipeline final : public HostPipeline {
                   {params_[i].grad.numel()});
   }
 
-  double copy_grad(size_t i) override {
-    std::memcpy(staged_grad(i).data, params_[i].grad.data, params_[i].grad.bytes());
+  double copy_grad(size_t i, const Tensor& grad) override {
+    MOP_CHECK(grad.numel() == params_[i].grad.numel() && grad.dtype == DType::F32, "host gradient copy");
+    std::memcpy(staged_grad(i).data, grad.data, grad.bytes());
     return 0;  // within host memory
   }
 

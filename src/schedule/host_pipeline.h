@@ -18,6 +18,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,8 +50,10 @@ class HostPipeline {
   HostPipeline& operator=(const HostPipeline&) = delete;
 
   // The gradients of `segment` are final (called from the last micro-batch's backward): start
-  // moving them to the host.
-  void grads_final(int segment);
+  // moving them to the host. Streamed gradients (HostParam::grad without data) come from `grad`
+  // (by parameter index), where they are now.
+  using GradSource = std::function<Tensor(int param)>;
+  void grads_final(int segment, const GradSource& grad = {});
   // Update every host parameter with args[i] (for params()[i]); starts at once, and returns when
   // done unless `overlap` (then weights_ready() gates their use).
   void update(const std::vector<AdamWArgs>& args, bool overlap);
@@ -92,10 +95,13 @@ class HostPipeline {
   void start();
   void stop();
 
-  // Main thread. copy_grad: params()[i]'s gradient is final, start moving it to the host
-  // (returns the bytes moved). weights_used: params()[i]'s update of this round is done and the
+  // Main thread. copy_grad: params()[i]'s gradient (`grad`) is final, start moving it to the
+  // host (returns the bytes moved). weights_used: params()[i]'s update of this round is done and the
   // caller is about to use its weights. drained: every update of the round is done.
-  virtual double copy_grad(size_t i) = 0;
+  virtual double copy_grad(size_t i, const Tensor& grad) = 0;
+  // Around the copies of one segment's gradients.
+  virtual void begin_copies(int segment) {}
+  virtual void end_copies(int segment) {}
   virtual void weights_used(size_t i) {}
   virtual void drained() {}
   // Dispatcher thread, per parameter in order: before_update waits for its gradient (untimed),

@@ -26,13 +26,25 @@ class StagedHostPipeline final : public HostPipeline {
     MOP_CHECK(!compute_.is_null(), "the staged host optimizer needs a device backend");
     gpu_ = current_gpu();
     int64_t total = 0;
+    streamed_ = !params_.empty() && !params_[0].grad.data;
+    std::vector<int64_t> in_segment;  // streamed: elements so far, per segment
     for (const HostParam& p : params_) {
       MOP_CHECK(p.grad.device == device_ && p.weights.dtype == DType::BF16,
                 "host optimizer on a device: device gradients and bf16 weights");
+      MOP_CHECK(!p.grad.data == streamed_, "host optimizer: streamed and kept gradients mixed");
+      const int64_t a = (p.grad.numel() + 63) / 64 * 64;  // keeps every slice 128-byte aligned
       offsets_.push_back(total);
-      total += (p.grad.numel() + 63) / 64 * 64;  // keeps every slice 128-byte aligned
+      total += a;
+      if (size_t(p.segment) >= in_segment.size()) in_segment.resize(size_t(p.segment) + 1, 0);
+      dev_offsets_.push_back(streamed_ ? in_segment[size_t(p.segment)] : offsets_.back());
+      in_segment[size_t(p.segment)] += a;
     }
-    grad_dev_ = Buffer(MemKind::Device, size_t(total) * 2);
+    // Streamed: the bf16 conversions of one segment at a time, two buffers in turn, each reused
+    // once its copy to the host is done; kept: one place per parameter.
+    const int64_t largest = in_segment.empty() ? 0 : *std::max_element(in_segment.begin(), in_segment.end());
+    staging_elems_ = streamed_ ? largest : total;
+    grad_dev_ = Buffer(MemKind::Device, size_t(streamed_ ? 2 * largest : total) * 2);
+    for (Event& e : staging_free_) e = Event(device_);
     grad_host_ = Buffer(MemKind::Pinned, size_t(total) * 2);
     weights_host_ = Buffer(MemKind::Pinned, size_t(total) * 2);
     events_.resize(params_.size());
@@ -59,10 +71,22 @@ class StagedHostPipeline final : public HostPipeline {
                   {params_[i].grad.numel()}, d);
   }
 
+  void begin_copies(int segment) override {
+    if (!streamed_) return;
+    staging_ ^= 1;
+    compute_.wait(staging_free_[staging_]);  // the segment before last's copies are done
+  }
+
+  void end_copies(int segment) override {
+    if (streamed_) staging_free_[staging_].record(copy_.get());
+  }
+
   // fp32 gradient → bf16 (compute stream) → pinned host memory (copy stream).
-  double copy_grad(size_t i) override {
-    Tensor dev = slice(grad_dev_, i, device_);
-    ops_.copy(dev, params_[i].grad.view({params_[i].grad.numel()}));
+  double copy_grad(size_t i, const Tensor& grad) override {
+    MOP_CHECK(grad.numel() == params_[i].grad.numel() && grad.device == device_, "host gradient copy");
+    Tensor dev(static_cast<uint16_t*>(grad_dev_.data()) + (streamed_ ? staging_ * staging_elems_ : 0) + dev_offsets_[i],
+               DType::BF16, {params_[i].grad.numel()}, device_);
+    ops_.copy(dev, grad.view({grad.numel()}));
     events_[i].converted.record(compute_);
     copy_.get().wait(events_[i].converted);
     copy_async(slice(grad_host_, i, Device::CPU).data, dev.data, dev.bytes(), copy_.get());
@@ -110,8 +134,13 @@ class StagedHostPipeline final : public HostPipeline {
   Stream compute_;
   Device device_;
   int gpu_ = 0;
-  std::vector<int64_t> offsets_;  // elements, per parameter, in the three staging buffers
+  std::vector<int64_t> offsets_;  // elements, per parameter, in the host staging buffers
+  std::vector<int64_t> dev_offsets_;  // in the device staging (streamed: in its segment's buffer)
   Buffer grad_dev_, grad_host_, weights_host_;  // bf16
+  bool streamed_ = false;
+  int64_t staging_elems_ = 0;  // streamed: elements of each of the two device buffers
+  int staging_ = 1;            // streamed: the buffer of the segment being copied
+  Event staging_free_[2];      // streamed: each buffer's last copy to the host done
   OwnedStream copy_, upload_;
   std::vector<Events> events_;
 };

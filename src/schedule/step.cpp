@@ -40,6 +40,25 @@ StepSchedule::StepSchedule(const Plan& plan, StepProgram program, Transformer& m
             "the step program and the parameter store disagree on slicing");
   MOP_CHECK((update_ops != nullptr) == shape.device_update_overlapped,
             "the overlapped device update needs its stream's Ops exactly when the program has it");
+  MOP_CHECK(shape.streams() == params.streams_grads(), "the step program and the parameter store disagree on "
+            "streamed gradients");
+  if (shape.streams()) {
+    for (int p = 0; p < params.num_params(); ++p)
+      MOP_CHECK(params.grad_pooled(p) == shape.streamed_segment(param_segment(layout, p)),
+                "the step program and the parameter store disagree on parameter ", p, "'s streamed gradients");
+    // Between micro-batches every streamed gradient's running sum waits in host memory.
+    int64_t total = 0;
+    sum_offsets_.assign(size_t(params.num_params()), -1);
+    for (int p = 0; p < params.num_params(); ++p)
+      if (params.grad_pooled(p)) sum_offsets_[size_t(p)] = total, total += aligned_numel(layout.params[p].numel());
+    const Device dev = timed.device();
+    if (shape.micro_batches > 1)
+      sums_ = Buffer(dev == Device::CPU ? MemKind::Host : MemKind::Pinned, size_t(total) * dtype_size(params.grad_dtype()));
+    stash_stream_ = OwnedStream(dev);
+    for (Event& e : slot_free_) e = Event(dev);
+    for (int seg = 0; seg < segments; ++seg) stashed_.emplace_back(dev);
+    grads_written_ = Event(dev);
+  }
   if (update_ops) {
     MOP_CHECK(optim.host_params().empty() && !plan.parallel.zero1(),
               "an overlapped device update with host-held state or ZeRO-1 owners");
@@ -51,6 +70,7 @@ StepSchedule::StepSchedule(const Plan& plan, StepProgram program, Transformer& m
 }
 
 StepSchedule::~StepSchedule() {
+  stash_stream_.get().synchronize();
   if (pipeline_) pipeline_->drain();
   wait_updates();
   if (update_ops_) update_ops_->synchronize();
@@ -99,6 +119,41 @@ void StepSchedule::gather(int group) {
   }
 }
 
+Tensor StepSchedule::running_sum(int p) const {
+  const Tensor g = params_.grad(p);
+  return Tensor(static_cast<char*>(sums_.data()) + size_t(sum_offsets_[size_t(p)]) * dtype_size(g.dtype), g.dtype,
+                {g.numel()}, sums_.device());
+}
+
+// A streamed group's slot: zeroed in the first micro-batch (but for what it writes), else the
+// running sum back from the host (once its copy there is done); either once the slot's last copy
+// to the host is done.
+void StepSchedule::streamed_slot(int group, int micro_batch) {
+  params_.bind_grads(group);
+  timed_.stream().wait(slot_free_[size_t(params_.grad_slot(group))]);
+  const int segment = group == int(stashed_.size()) ? 0 : group;  // a tied embedding's: segment 0's
+  if (micro_batch > 0) timed_.stream().wait(stashed_[size_t(segment)]);
+  for (int p : params_.group_params(group)) {
+    const Tensor g = params_.grad(p);
+    if (micro_batch > 0) timed_.copy(g.view({g.numel()}), running_sum(p));
+    else if (!model_.writes_gradient(p)) timed_.fill(g, 0);
+  }
+}
+
+// Segment s's running sums to the host (copy stream) after the backward that wrote them; its
+// slots are free again once the copies are done.
+void StepSchedule::stash(int segment) {
+  grads_written_.record(timed_.stream());
+  stash_stream_.get().wait(grads_written_);
+  for (int p : segment_params_[size_t(segment)]) {
+    const Tensor g = params_.grad(p);
+    copy_async(running_sum(p).data, g.data, g.bytes(), stash_stream_.get());
+  }
+  for (int p : segment_params_[size_t(segment)])
+    slot_free_[size_t(params_.grad_slot(params_.gather_group(p)))].record(stash_stream_.get());
+  stashed_[size_t(segment)].record(stash_stream_.get());
+}
+
 void StepSchedule::reduce_scatter(int group) {
   for (int p : params_.group_params(group)) {
     if (params_.slice_count(p) > 1) replicas(p).reduce_scatter_sum(params_.slice_grad(p), params_.padded_grad(p));
@@ -122,7 +177,8 @@ LossTerms StepSchedule::gradients(const std::function<Batch(int)>& micro_batch, 
           const bool zeroed = std::exchange(grads_zeroed_, false);
           for (int p = 0; p < params_.num_params(); ++p)
             if (params_.sliced() && params_.slice_count(p) > 1) timed_.fill(params_.padded_grad(p), 0);
-            else if (!zeroed && !model_.writes_gradient(p)) timed_.fill(optim_.update_grad(p), 0);
+            else if (!zeroed && !model_.writes_gradient(p) && !params_.grad_pooled(p))
+              timed_.fill(optim_.update_grad(p), 0);
         }
         break;
       case ActionKind::BeginForward:
@@ -150,7 +206,17 @@ LossTerms StepSchedule::gradients(const std::function<Batch(int)>& micro_batch, 
         reducer_->join();  // timed as communication (TimedComm): the time the compute stream waits
         break;
       case ActionKind::GradsToHost:
-        for (int s = a.begin; s < a.end; ++s) pipeline_->grads_final(s);
+        for (int s = a.begin; s < a.end; ++s) pipeline_->grads_final(s, [this](int p) { return params_.grad(p); });
+        break;
+      case ActionKind::StashGrads:
+        for (int s = a.begin; s < a.end; ++s) stash(s);
+        break;
+      case ActionKind::GradNorms:
+        for (int s = a.begin; s < a.end; ++s)
+          for (int p : segment_params_[size_t(s)]) optim_.take_norm(p);
+        break;
+      case ActionKind::ReleaseGrads:
+        for (int g = a.begin; g < a.end; ++g) params_.release_grads(g);
         break;
       case ActionKind::Gather:
         for (int g = a.begin; g < a.end; ++g) gather(g);
@@ -160,6 +226,10 @@ LossTerms StepSchedule::gradients(const std::function<Batch(int)>& micro_batch, 
         break;
       case ActionKind::GradSlot:
         for (int g = a.begin; g < a.end; ++g) {
+          if (!params_.sliced()) {
+            streamed_slot(g, a.micro_batch);
+            continue;
+          }
           params_.bind_grads(g);
           for (int p : params_.group_params(g)) timed_.fill(params_.padded_grad(p), 0);
         }

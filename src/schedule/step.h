@@ -32,6 +32,7 @@
 #include "parallel/groups.h"
 #include "plan/plan.h"
 #include "plan/program.h"
+#include "runtime/runtime.h"
 #include "schedule/host_pipeline.h"
 
 namespace mop {
@@ -62,6 +63,8 @@ class StepSchedule {
   // Waits for the host pipeline's work (before the host-held state is read or saved).
   void drain();
   OffloadStats take_host_stats();
+  // Host memory of its own: the streamed gradients' running sums.
+  size_t host_bytes() const { return sums_.bytes(); }
   // The device time of the overlapped update that ran during this step (issued at the end of the
   // step before), on its own stream; 0 without one. Read after apply().
   double update_stream_seconds() const { return update_stream_seconds_; }
@@ -76,6 +79,11 @@ class StepSchedule {
   Comm& replicas(int p) const;
   void gather(int group);
   void reduce_scatter(int group);
+  // Streamed gradients (optim.gradients: host): a group's slot for micro-batch m; a segment's
+  // running sums to the host; parameter p's running sum there.
+  void streamed_slot(int group, int micro_batch);
+  void stash(int segment);
+  Tensor running_sum(int p) const;
   void update_segment(int segment);  // step 5 on the update stream
   void wait_update(int segment);     // the compute stream waits for a segment's update
   void wait_updates();
@@ -98,6 +106,15 @@ class StepSchedule {
   std::vector<bool> update_pending_;
   bool grads_zeroed_ = false;  // the update stream zeroed every gradient after the last step
   std::unique_ptr<TimedOps> update_ops_;
+  // Streamed gradients: the running sums in host memory (several micro-batches), per parameter its
+  // offset there (-1: not streamed), the stream that copies them, an event after the backward
+  // that wrote them, per gradient slot an event after its last copy, per segment one after its.
+  Buffer sums_;
+  std::vector<int64_t> sum_offsets_;
+  OwnedStream stash_stream_;
+  Event grads_written_;
+  Event slot_free_[3];
+  std::vector<Event> stashed_;  // per segment: its last running sums on the host
   double update_stream_seconds_ = 0;  // the last update's, read in apply() before the next
 };
 

@@ -110,11 +110,7 @@ void Trainer::build() {
   MOP_USER_CHECK(world_.comm->all_equal(dump_config(cfg_)),
                  "the ranks were started with different configurations");
 
-  // 1. The plan: every choice below comes from it (train.plan: auto searched for it). The step
-  // does not stream gradients yet: auto plans it without (mop plan still prices streaming).
-  MOP_USER_CHECK(cfg_.optim.gradients != "host", "optim.gradients: host: the step does not stream "
-                 "gradients to the host yet (mop plan prices it); use gpu or auto");
-  if (cfg_.optim.gradients == "auto") cfg_.optim.gradients = "gpu", cfg_.pinned.insert("optim.gradients");
+  // 1. The plan: every choice below comes from it (train.plan: auto searched for it).
   const Machine machine = run_machine(cfg_, world_);
   cfg_ = planned_config(cfg_, machine, world_.size);
   plan_ = make_plan(cfg_, machine, world_.size);
@@ -148,6 +144,11 @@ void Trainer::build() {
   if (plan_.parallel.sliced()) {  // parallel.shard: slice
     params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem,
                                            param_slices(plan_.parallel, world_.rank, plan_.micro_batches));
+  } else if (plan_.stream_grads) {  // optim.gradients: host (or auto, planned so)
+    std::vector<bool> pooled(size_t(num_segments(layout_.dims)), false);
+    for (int p = 0; p < int(layout_.params.size()); ++p)
+      if (plan_.state_on_host[size_t(p)]) pooled[size_t(param_segment(layout_, p))] = true;
+    params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem, PooledGrads{pooled});
   } else {
     params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem);
   }
@@ -268,6 +269,7 @@ MemoryPlan Trainer::allocated_memory() const {
     m.host_grad_staging = p->device_staging_bytes();
     m.host_staging = p->host_staging_bytes();
   }
+  m.host_staging += schedule_->host_bytes();
   m.activations = model_->planned_bytes();
   m.activations_by_component = model_->activations().device_by_component();
   m.host_activations = model_->activations().host_bytes();

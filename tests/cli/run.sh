@@ -113,7 +113,7 @@ expect 2 "The largest is the activations; to fit" -- plan --config "$src/configs
 expect 0 "slicing saves" -- plan --config "$src/configs/moe-1t.yaml" --machine "$src/configs/machines/h200-12-nodes.yaml" --search --top 1
 expect 2 "no plan fits" -- plan --config "$src/configs/moe-1t.yaml" --machine "$src/configs/machines/h200-12-nodes.yaml" --gpus 16 --search --top 1
 expect 2 "optim.gradients: host streams the gradients" -- plan --config good.yaml --set optim.gradients=host --set optim.state_placement=gpu
-expect 2 "the step does not stream gradients to the host yet" -- train --config good.yaml --set optim.gradients=host
+expect 0 "stash-grads" -- plan --config good.yaml --set optim.gradients=host --set optim.state_placement=host --program
 expect 0 "reduce-scatter" -- plan --config good.yaml --set parallel.shard=slice --set parallel.attention.dp=2 --set parallel.moe.dp=2 --program
 expect 0 "wrote machine.yaml" -- calibrate --device cpu --out machine.yaml
 expect 0 "MFU" -- plan --config good.yaml --machine machine.yaml --set train.device=cpu

@@ -1,0 +1,196 @@
+// Streamed gradients (optim.gradients: host) against kept ones (gpu), on CPU ranks with all
+// optimizer state on the host: three steps give the same losses and a final checkpoint with the
+// same bytes in every tensor, over one rank and two in-process ranks (ZeRO-1 owners: every rank
+// streams every segment, and sends to the host only what it owns), one micro-batch and several
+// (the running sums go to the host and come back), tied and untied embeddings; a run resumes
+// across a change (kept → streamed) to the same bytes. Gradient clipping binds: the global norm
+// takes the same squares in the same order. The program's slots are checked against the store.
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+
+#include <spdlog/spdlog.h>
+
+#include "catch.h"
+#include "ckpt/safetensors.h"
+#include "model/params.h"
+#include "parallel/inprocess_comm.h"
+#include "plan/program.h"
+#include "train/train_test_util.h"
+#include "train/trainer.h"
+
+using namespace mop;
+
+namespace {
+
+struct Layout {
+  int dp = 1, ep = 1, micro_batches = 1;
+  bool tied = false;
+};
+
+std::string config(const std::string& corpus, const std::string& dir, const Layout& l, const std::string& gradients,
+                   int steps) {
+  const int micro = 2;
+  return "model: {vocab_size: 257, hidden_size: 32, num_layers: 2, num_heads: 8, num_kv_heads: 4, head_dim: 8, "
+         "init_std: 0.1, tie_embeddings: " + std::string(l.tied ? "true" : "false") + "}\n"
+         "moe: {num_experts: 8, top_k: 2, expert_ffn: 16, shared_expert_ffn: 8, aux_loss_coef: 0.05, "
+         "z_loss_coef: 0.01}\n"
+         "optim: {lr: 0.01, schedule: constant, warmup_steps: 0, grad_clip: 0.05, state_placement: host, "
+         "gradients: " + gradients + "}\n"
+         "data: {paths: [" + corpus + "], seq_len: 32, eod_mask_loss: true}\n"
+         "train: {steps: " + std::to_string(steps) + ", global_batch_size: " +
+         std::to_string(micro * l.dp * l.micro_batches) + ", micro_batch_size: " + std::to_string(micro) +
+         ", eval_interval: 0, device: cpu}\n"
+         "parallel: {attention: {cp: 1, dp: " + std::to_string(l.dp) + "}, moe: {ep: " + std::to_string(l.ep) +
+         ", dp: " + std::to_string(l.dp / l.ep) + "}}\n"
+         "checkpoint: {dir: " + dir + ", interval: 0, keep_last: 0, resume: auto}\n"
+         "log: {interval: 1}\n";
+}
+
+std::map<std::string, std::string> tensors(const std::filesystem::path& step_dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(step_dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    SafetensorsFile f(e.path());
+    for (const auto& [name, t] : f.tensors()) out[name] = std::string(static_cast<const char*>(t.data), t.bytes);
+  }
+  return out;
+}
+
+std::vector<std::string> losses(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const Json& j : test::read_metrics(dir + "/metrics.jsonl")) out.push_back(j.at("loss").dump());
+  return out;
+}
+
+std::vector<std::string> norms(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const Json& j : test::read_metrics(dir + "/metrics.jsonl")) out.push_back(j.at("grad_norm").dump());
+  return out;
+}
+
+const int kSteps = 3;
+void train_layout(const std::string& corpus, const std::string& root, const Layout& l,
+                  const std::function<World()>& world) {
+  auto train = [&](const std::string& dir, const std::string& gradients, int steps) {
+    World w = world();
+    Trainer t(load_config_text(config(corpus, root + "/" + dir, l, gradients, steps)), w);
+    if (gradients == "host") REQUIRE(t.plan().stream_grads);
+    else REQUIRE(!t.plan().stream_grads);
+    t.run();
+  };
+  train("kept", "gpu", kSteps);
+  train("streamed", "host", kSteps);
+  train("ks", "gpu", 2);
+  train("ks", "host", kSteps);
+}
+
+void check_layout(const std::string& root) {
+  const std::string last = "/step_" + std::to_string(kSteps);
+  const auto a = tensors(root + "/kept" + last);
+  REQUIRE(a.size() > 20);
+  CHECK(losses(root + "/kept") == losses(root + "/streamed"));
+  CHECK(norms(root + "/kept") == norms(root + "/streamed"));
+  CHECK(losses(root + "/kept").size() == size_t(kSteps));
+  CHECK(losses(root + "/kept").front() != losses(root + "/kept").back());  // it trains
+  for (const std::string other : {"streamed", "ks"}) {
+    INFO(other);
+    const auto b = tensors(root + "/" + other + last);
+    CHECK(b.size() == a.size());
+    int differ = 0;
+    for (const auto& [name, bytes] : a) {
+      auto it = b.find(name);
+      differ += it == b.end() || it->second != bytes;
+    }
+    CHECK(differ == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("streamed gradients on one rank equal kept ones, bit for bit", "[cpu][stream]") {
+  spdlog::set_level(spdlog::level::warn);
+  test::TempDir dir;
+  const std::string corpus = test::prepare_corpus(dir, 40000);
+  int i = 0;
+  for (const Layout l : {Layout{1, 1, 1}, Layout{1, 1, 3}, Layout{1, 1, 1, true}, Layout{1, 1, 2, true}}) {
+    INFO("micro-batches " << l.micro_batches << " tied " << l.tied);
+    const std::string root = dir / ("run" + std::to_string(i++));
+    train_layout(corpus, root, l, [] {
+      World w;
+      w.comm = make_self_comm();
+      return w;
+    });
+    check_layout(root);
+  }
+}
+
+TEST_CASE("streamed gradients on 2 in-process ranks (ZeRO-1 owners) equal kept ones, bit for bit",
+          "[cpu][stream]") {
+  spdlog::set_level(spdlog::level::warn);
+  test::TempDir dir;
+  const std::string corpus = test::prepare_corpus(dir, 40000);
+  int i = 0;
+  for (const Layout l : {Layout{2, 2, 1}, Layout{2, 1, 2, true}}) {
+    INFO("ep " << l.ep << " micro-batches " << l.micro_batches << " tied " << l.tied);
+    const std::string root = dir / ("run" + std::to_string(i++));
+    std::shared_ptr<InProcessWorld> ranks = make_inprocess_world(2);
+    run_inprocess(2, [&](int rank) { train_layout(corpus, root, l, [&] { return inprocess_world(ranks, rank, 2); }); });
+    check_layout(root);
+  }
+}
+
+// The program against the store's slots, for a mix of streamed and kept segments: every forward
+// and backward that writes a streamed group's gradients finds its slot bound (the fused head in
+// its forward, a tied embedding from the head's forward to the embedding's backward), at most the
+// two shared slots are used, and a streamed segment leaves its slot after each micro-batch's
+// backward: the running sum stashed, or (the last) summed, its norms taken and sent to the host.
+TEST_CASE("program: streamed gradients hold a slot only while in flight", "[cpu][plan][stream]") {
+  for (const bool tied : {false, true})
+    for (const int mb : {1, 3})
+      for (const std::vector<bool>& streamed :
+           {std::vector<bool>{true, true, true, true}, std::vector<bool>{true, false, true, false},
+            std::vector<bool>{false, true, false, true}}) {
+        INFO("tied " << tied << " micro-batches " << mb << " streamed " << streamed[0] << streamed[1] << streamed[2]
+                     << streamed[3]);
+        Layout l;
+        l.tied = tied;
+        const ModelLayout layout = ModelLayout::build(ModelDims::from(load_config_text(config("c", "d", l, "gpu", 1))));
+        REQUIRE(num_segments(layout.dims) == 4);
+        ParamStore store(layout, DType::F32, DType::F32, MemKind::Host, PooledGrads{streamed, false});
+        ProgramShape shape;
+        shape.segments = 4, shape.micro_batches = mb, shape.reduce = true, shape.tied = tied;
+        shape.streamed = streamed;
+        shape.host_segments = {true, false, true, true};  // this rank owns host state in three
+        const StepProgram p = make_step_program(shape);
+        const int S = 4, groups = store.num_gather_groups();
+        std::vector<int> stashed(size_t(S), 0), sent(size_t(S), 0), normed(size_t(S), 0);
+        for (const Action& a : p.gradients) {
+          switch (a.kind) {
+            case ActionKind::GradSlot: store.bind_grads(a.begin); break;  // throws with no free slot
+            case ActionKind::ReleaseGrads: store.release_grads(a.begin); break;
+            case ActionKind::StashGrads:
+              ++stashed[size_t(a.begin)];
+              CHECK(store.grads_bound(a.begin));
+              break;
+            case ActionKind::GradNorms: ++normed[size_t(a.begin)]; break;
+            case ActionKind::GradsToHost: ++sent[size_t(a.begin)]; break;
+            case ActionKind::Forward:
+            case ActionKind::Backward:
+              if (a.kind == ActionKind::Backward || a.begin == S - 1) {
+                CHECK(store.grads_bound(a.begin));
+                if (tied && (a.begin == 0 || a.begin == S - 1)) CHECK(store.grads_bound(S));
+              }
+              break;
+            default: break;
+          }
+        }
+        for (int g = 0; g < groups; ++g) CHECK(!store.grads_bound(g) == store.group_pooled(g));  // all freed
+        for (int s = 0; s < S; ++s) {
+          CHECK(stashed[size_t(s)] == (streamed[size_t(s)] ? mb - 1 : 0));
+          CHECK(normed[size_t(s)] == (streamed[size_t(s)] ? 1 : 0));
+          CHECK(sent[size_t(s)] == (shape.host_segments[size_t(s)] ? 1 : 0));
+        }
+      }
+}
