@@ -62,6 +62,10 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Mesh& mesh, CommFact
       g->world_grad = side(world, streams.grad_sums);
       g->edp_grad = side(edp, streams.grad_sums);
     }
+    if (!streams.gathers.is_null()) {
+      g->world_gather = side(world, streams.gathers);
+      g->edp_gather = side(edp, streams.gathers);
+    }
     if (g->cp_size > 1 && !streams.ring.is_null()) g->cp_ring = side(cp, streams.ring);
     if (g->ep_size > 1 && !streams.dispatch.is_null() && !streams.combine.is_null()) {
       g->ep_dispatch = side(ep, streams.dispatch);

@@ -28,6 +28,7 @@ struct CommStreams {
   Stream grad_sums;  // the data-parallel gradient sums (world and edp)
   Stream ring;       // ring attention's K/V passes
   Stream dispatch, combine;  // the expert exchange, one per direction
+  Stream gathers;            // sliced parameters' weight gathers (world and edp)
 };
 
 struct ParallelGroups {
@@ -41,6 +42,11 @@ struct ParallelGroups {
   // GPU ranks with a gradient-sums stream: the gradient sums' own communicators (world, edp),
   // asynchronous on that stream, so they overlap with backward (GradReducer).
   std::unique_ptr<Comm> world_grad, edp_grad;
+  // GPU ranks with sliced parameters and a gathers stream: the weight gathers' own communicators
+  // (world, edp), asynchronous on that stream, so a segment's gather overlaps the compute of the
+  // one before it (the step program's join-gathers waits for them). Null otherwise (the data
+  // comms serve).
+  std::unique_ptr<Comm> world_gather, edp_gather;
   // GPU ranks with ep > 1 and exchange streams: the expert all-to-alls' own communicators, one
   // for the exchanges that bring tokens to the experts and one for those that return them, each
   // on its own stream (ExpertDispatcher overlaps them with the experts). Null on CPU ranks

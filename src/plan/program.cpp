@@ -119,8 +119,13 @@ void plain_gradients(const ProgramShape& shape, std::vector<Action>& g) {
 // (the last two stay for the backward), gathered again before its backward and released after
 // it; with one micro-batch its gradients get a slot just before they are first written (the
 // backward; the fused LM head's in its forward) and are reduce-scattered (and the slot freed)
-// right after its backward. A tied embedding's group is gathered with the
-// first segment that reads it and kept until the step's last backward.
+// right after its backward. A tied embedding's group is gathered with the first segment that
+// reads it and kept until the step's last backward.
+// The gathers run on a stream of their own, one segment ahead: the gather of the next segment is
+// issued before a segment's forward (before its backward: of the segment before it, once a slot
+// is free), and join-gathers makes the compute stream wait for the gathers issued so far just
+// before the segment that needs them. A gather waits for the compute work issued before it (what
+// last read its slot; the update that wrote its slices).
 void sliced_gradients(const ProgramShape& shape, std::vector<Action>& g) {
   const int S = shape.segments, tied = S;  // the tied embedding's gather group
   auto host = [&](int s) { return !shape.host_segments.empty() && shape.host_segments[size_t(s)]; };
@@ -128,11 +133,27 @@ void sliced_gradients(const ProgramShape& shape, std::vector<Action>& g) {
     g.push_back({k, group, group + 1, m, st});
   };
   std::vector<char> gathered(size_t(S + 1), 0), grads(size_t(S + 1), 0);
+  int shared = 0;        // gathered segments (the two shared slots)
+  bool pending = false;  // a gather issued since the last join
   auto gather = [&](int group, int m) {
-    if (!std::exchange(gathered[size_t(group)], char(1))) add(ActionKind::Gather, group, m);
+    if (std::exchange(gathered[size_t(group)], char(1))) return;
+    add(ActionKind::Gather, group, m, StreamKind::Gathers);
+    shared += group != tied, pending = true;
   };
   auto release = [&](int group, int m) {
-    if (std::exchange(gathered[size_t(group)], char(0))) add(ActionKind::Release, group, m);
+    if (!std::exchange(gathered[size_t(group)], char(0))) return;
+    add(ActionKind::Release, group, m);
+    shared -= group != tied;
+  };
+  auto join = [&](int m) {
+    if (std::exchange(pending, false)) g.push_back({ActionKind::JoinGathers, -1, -1, m, StreamKind::Compute});
+  };
+  // Forward: what the slices wait for (the last step's update of them), then the gather.
+  auto forward_gather = [&](int s, int m) {
+    if (host(s)) add(ActionKind::WeightsReady, s, m);
+    if (shape.device_update_overlapped) add(ActionKind::WaitUpdate, s, m);
+    if (shape.tied && (s == 0 || s == S - 1)) gather(tied, m);
+    gather(s, m);
   };
   // Pooled gradients: a slot for segment s's (and, with the head, the tied embedding's) before
   // they are first written.
@@ -145,12 +166,10 @@ void sliced_gradients(const ProgramShape& shape, std::vector<Action>& g) {
   for (int m = 0; m < shape.micro_batches; ++m) {
     const bool last = m + 1 == shape.micro_batches;
     g.push_back({ActionKind::BeginForward, -1, -1, m, StreamKind::Compute});
+    forward_gather(0, m);
     for (int s = 0; s < S; ++s) {
-      if (host(s)) add(ActionKind::WeightsReady, s, m);
-      // The slices are gathered once the last step's update of them is done.
-      if (shape.device_update_overlapped) add(ActionKind::WaitUpdate, s, m);
-      if (shape.tied && (s == 0 || s == S - 1)) gather(tied, m);
-      gather(s, m);
+      join(m);
+      if (s + 1 < S) forward_gather(s + 1, m);
       // The fused LM head writes its gradients in the forward.
       if (s == S - 1) grad_slots(s, m);
       add(ActionKind::Forward, s, m);
@@ -159,6 +178,8 @@ void sliced_gradients(const ProgramShape& shape, std::vector<Action>& g) {
     g.push_back({ActionKind::BeginBackward, -1, -1, m, StreamKind::Compute});
     for (int s = S - 1; s >= 0; --s) {
       gather(s, m);
+      join(m);
+      if (s > 0 && shared < 2) gather(s - 1, m);
       grad_slots(s, m);
       add(ActionKind::Backward, s, m);
       release(s, m);
@@ -203,6 +224,7 @@ const char* action_name(ActionKind k) {
     case ActionKind::StashGrads: return "stash-grads";
     case ActionKind::GradNorms: return "grad-norms";
     case ActionKind::ReleaseGrads: return "release-grads";
+    case ActionKind::JoinGathers: return "join-gathers";
     case ActionKind::BeginForward: return "begin-forward";
     case ActionKind::WeightsReady: return "weights-ready";
     case ActionKind::WaitUpdate: return "wait-update";
@@ -227,6 +249,7 @@ const char* stream_name(StreamKind s) {
     case StreamKind::GradSums: return "grad-sums";
     case StreamKind::Update: return "update";
     case StreamKind::HostCopy: return "host-copy";
+    case StreamKind::Gathers: return "gathers";
     case StreamKind::Host: return "host";
   }
   return "?";

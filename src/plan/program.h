@@ -36,7 +36,9 @@ enum class ActionKind {
   Broadcast,      // ZeRO-1: every weight from its owner
   // Sliced parameters (ZeRO-3). Segments [a, b) name gather groups (model/params.h): a segment's
   // parameters, or (tied embedding) the group `segments` of its own.
-  Gather,         // group g: a slot for its weights, every replica's slices gathered into it
+  Gather,         // group g: a slot for its weights, every replica's slices gathered into it (on
+                  // the gathers stream, after the compute work issued so far)
+  JoinGathers,    // the compute stream waits for the gathers issued so far
   Release,        // group g: its weights' slot freed
   GradSlot,       // group g: a slot for its whole gradients, zeroed (sliced: one micro-batch;
                   // streamed: the first micro-batch, later ones get the running sum back)
@@ -55,6 +57,7 @@ enum class StreamKind {
   GradSums,  // the gradient sums' (several GPU ranks with parallel.overlap_grad_reduce)
   Update,    // the overlapped device update's
   HostCopy,  // the host pipeline's copy and upload streams, and its worker threads
+  Gathers,   // the sliced weights' gathers (several GPU ranks; else the compute stream's comms)
   Host,      // the calling thread, no device work of its own
 };
 

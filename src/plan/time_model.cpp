@@ -572,11 +572,10 @@ void Model::host_update(const std::vector<double>& fwd_segment, double until_gra
 }
 
 // Sliced parameters: each segment's weights gathered before its forward and again before its
-// backward (the last segment's stay from its forward), per micro-batch. The step gathers on the
-// compute stream (no prefetch yet): every gather is exposed. (Prefetched one segment ahead into
-// the other slot, a gather would hide behind the compute of the segment before it; kPrefetch
-// prices that design.)
-constexpr bool kPrefetch = false;
+// backward (the last two segments' stay from their forward), per micro-batch, on the gathers'
+// stream one segment ahead (plan/program.cpp): a gather hides behind the compute of the segment
+// before it (in the backward, the one after it), but for the first segment's in each forward.
+constexpr bool kPrefetch = true;
 void Model::gathers(const std::vector<double>& fwd, const std::vector<double>& bwd) {
   if (!p_.parallel.sliced()) return;
   const ModelLayout& local = p_.local_layout();
@@ -597,7 +596,7 @@ void Model::gathers(const std::vector<double>& fwd, const std::vector<double>& b
   set(kGathers, Phase::Forward);
   overlapped_comm(total, exposed);
   total = exposed = 0;
-  for (int s = segments - 2; s >= 0; --s) {
+  for (int s = segments - 3; s >= 0; --s) {
     total += g[size_t(s)];
     exposed += !kPrefetch ? g[size_t(s)] : std::max(0.0, g[size_t(s)] - bwd[size_t(s + 1)]);
   }

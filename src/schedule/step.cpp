@@ -111,11 +111,14 @@ Comm& StepSchedule::replicas(int p) const {
   return *(plan_.parallel.params[size_t(p)].group == ReplicaGroup::Edp ? groups_.edp_data : groups_.world_data);
 }
 
-void StepSchedule::gather(int group) {
+void StepSchedule::gather(int group, bool async) {
   params_.bind_weights(group);
   for (int p : params_.group_params(group)) {
     // One replica: the slice is used in place.
-    if (params_.slice_count(p) > 1) replicas(p).all_gather(params_.gathered_weight(p), params_.slice_weight(p));
+    if (params_.slice_count(p) == 1) continue;
+    const bool edp = plan_.parallel.params[size_t(p)].group == ReplicaGroup::Edp;
+    Comm* side = async ? (edp ? groups_.edp_gather : groups_.world_gather).get() : nullptr;
+    (side ? *side : replicas(p)).all_gather(params_.gathered_weight(p), params_.slice_weight(p));
   }
 }
 
@@ -219,7 +222,11 @@ LossTerms StepSchedule::gradients(const std::function<Batch(int)>& micro_batch, 
         for (int g = a.begin; g < a.end; ++g) params_.release_grads(g);
         break;
       case ActionKind::Gather:
-        for (int g = a.begin; g < a.end; ++g) gather(g);
+        for (int g = a.begin; g < a.end; ++g) gather(g, /*async=*/true);
+        break;
+      case ActionKind::JoinGathers:  // timed as communication (TimedComm): the compute stream's wait
+        for (Comm* c : {groups_.world_gather.get(), groups_.edp_gather.get()})
+          if (c) c->join();
         break;
       case ActionKind::Release:
         for (int g = a.begin; g < a.end; ++g) params_.release_weights(g);

@@ -77,7 +77,7 @@ class StepSchedule {
   // Sliced parameters: gather group g's weights into their slot; sum its gradients over the
   // replicas into each one's slice and free the slot.
   Comm& replicas(int p) const;
-  void gather(int group);
+  void gather(int group, bool async = false);  // async: on the gathers' stream where there is one
   void reduce_scatter(int group);
   // Streamed gradients (optim.gradients: host): a group's slot for micro-batch m; a segment's
   // running sums to the host; parameter p's running sum there.

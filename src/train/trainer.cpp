@@ -132,7 +132,9 @@ void Trainer::build() {
                             {&groups_->edp_grad, "gradient sums (edp)"},
                             {&groups_->ep_dispatch, "expert dispatch"},
                             {&groups_->ep_combine, "expert combine"},
-                            {&groups_->cp_ring, "ring attention"}})
+                            {&groups_->cp_ring, "ring attention"},
+                            {&groups_->world_gather, "weight gathers (world)"},
+                            {&groups_->edp_gather, "weight gathers (edp)"}})
       if (*c) *c = time_comm(std::move(*c), *timed_, label);
   dp_rank_ = groups_->dp;
   slicer_ = std::make_unique<SequenceSlicer>(int(cfg_.train.micro_batch_size),

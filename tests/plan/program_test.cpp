@@ -172,24 +172,28 @@ TEST_CASE("program: sliced parameters gather, release and reduce-scatter each se
   const StepProgram p = make_step_program(plan, 0);
   CHECK(p.shape.pool_grads);
   CHECK(!p.shape.device_update_overlapped);
+  // The gathers run one segment ahead on their stream; join-gathers before each segment that
+  // needs one.
   CHECK(compact(p.gradients) ==
-        "begin-forward m0 | gather 0 m0 | forward 0 m0 | release 0 m0 | gather 1 m0 | forward 1 m0 | "
-        "release 1 m0 | gather 2 m0 | forward 2 m0 | release 2 m0 | gather 3 m0 | forward 3 m0 | "
-        "release 3 m0 | gather 4 m0 | forward 4 m0 | gather 5 m0 | grad-slot 5 m0 | forward 5 m0 | "
-        "begin-backward m0 | backward 5 m0 | release 5 m0 | reduce-scatter 5 m0 | grad-slot 4 m0 | "
-        "backward 4 m0 | release 4 m0 | reduce-scatter 4 m0 | gather 3 m0 | grad-slot 3 m0 | "
-        "backward 3 m0 | release 3 m0 | reduce-scatter 3 m0 | gather 2 m0 | grad-slot 2 m0 | "
-        "backward 2 m0 | release 2 m0 | reduce-scatter 2 m0 | gather 1 m0 | grad-slot 1 m0 | "
-        "backward 1 m0 | release 1 m0 | reduce-scatter 1 m0 | gather 0 m0 | grad-slot 0 m0 | "
-        "backward 0 m0 | release 0 m0 | reduce-scatter 0 m0 | read-losses (host)");
+        "begin-forward m0 | gather 0 m0 (gathers) | join-gathers m0 | gather 1 m0 (gathers) | forward 0 m0 | "
+        "release 0 m0 | join-gathers m0 | gather 2 m0 (gathers) | forward 1 m0 | release 1 m0 | join-gathers m0 | "
+        "gather 3 m0 (gathers) | forward 2 m0 | release 2 m0 | join-gathers m0 | gather 4 m0 (gathers) | "
+        "forward 3 m0 | release 3 m0 | join-gathers m0 | gather 5 m0 (gathers) | forward 4 m0 | join-gathers m0 | "
+        "grad-slot 5 m0 | forward 5 m0 | begin-backward m0 | backward 5 m0 | release 5 m0 | reduce-scatter 5 m0 | "
+        "gather 3 m0 (gathers) | grad-slot 4 m0 | backward 4 m0 | release 4 m0 | reduce-scatter 4 m0 | "
+        "join-gathers m0 | gather 2 m0 (gathers) | grad-slot 3 m0 | backward 3 m0 | release 3 m0 | "
+        "reduce-scatter 3 m0 | join-gathers m0 | gather 1 m0 (gathers) | grad-slot 2 m0 | backward 2 m0 | "
+        "release 2 m0 | reduce-scatter 2 m0 | join-gathers m0 | gather 0 m0 (gathers) | grad-slot 1 m0 | "
+        "backward 1 m0 | release 1 m0 | reduce-scatter 1 m0 | join-gathers m0 | grad-slot 0 m0 | backward 0 m0 | "
+        "release 0 m0 | reduce-scatter 0 m0 | read-losses (host)");
   CHECK(compact(p.apply) == "optimizer");
 
   // With the overlapped device update each segment's slices are gathered once their update is
   // done: a wait-update right before every forward gather.
   const StepProgram o = make_step_program(tiny_plan({"parallel.shard=slice", "train.global_batch_size=8"}, 1), 0);
   CHECK(o.shape.device_update_overlapped);
-  CHECK(compact(o.gradients).find("begin-forward m0 | wait-update 0 m0 | gather 0 m0 | forward 0 m0 | release 0 m0 | "
-                                  "wait-update 1 m0 | gather 1 m0 |") == 0);
+  CHECK(compact(o.gradients).find("begin-forward m0 | wait-update 0 m0 | gather 0 m0 (gathers) | join-gathers m0 | "
+                                  "wait-update 1 m0 | gather 1 m0 (gathers) | forward 0 m0 |") == 0);
   CHECK(compact(o.apply) == "optimizer | device-update 0 (update) | device-update 1 (update) | device-update 2 "
                             "(update) | device-update 3 (update) | device-update 4 (update) | device-update 5 (update)");
 
@@ -213,9 +217,14 @@ TEST_CASE("program: sliced parameters gather, release and reduce-scatter each se
         const int S = sp.shape.segments, groups = store.num_gather_groups();
         CHECK(groups == S + (tied ? 1 : 0));
         std::vector<int> scattered(size_t(groups), 0), backward_done(size_t(S), 0);
+        std::set<int> in_flight;  // gathers issued and not joined yet
         for (const Action& a : sp.gradients) {
           switch (a.kind) {
-            case ActionKind::Gather: store.bind_weights(a.begin); break;  // throws with no free slot
+            case ActionKind::Gather:
+              store.bind_weights(a.begin);  // throws with no free slot
+              in_flight.insert(a.begin);
+              break;
+            case ActionKind::JoinGathers: in_flight.clear(); break;
             case ActionKind::Release: store.release_weights(a.begin); break;
             case ActionKind::GradSlot: store.bind_grads(a.begin); break;
             case ActionKind::ReduceScatter:
@@ -226,6 +235,8 @@ TEST_CASE("program: sliced parameters gather, release and reduce-scatter each se
             case ActionKind::Forward:
             case ActionKind::Backward:
               CHECK(store.weights_bound(a.begin));
+              CHECK(!in_flight.count(a.begin));
+              if (tied && (a.begin == 0 || a.begin == S - 1)) CHECK(!in_flight.count(S));
               if (tied && (a.begin == 0 || a.begin == S - 1)) CHECK(store.weights_bound(S));
               if (a.kind == ActionKind::Backward || a.begin == S - 1) {
                 CHECK(store.grads_bound(a.begin));
