@@ -16,8 +16,8 @@
 #include <spdlog/spdlog.h>
 
 #include "catch.h"
-#include "ckpt/safetensors.h"
 #include "parallel/inprocess_comm.h"
+#include "parallel/run_compare.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/mpi_corpus.h"
 #include "train/train_test_util.h"
@@ -35,13 +35,9 @@ struct Layout {
 std::string config(const std::string& corpus, const std::string& dir, const Layout& l, const std::string& shard,
                    int steps) {
   const int micro = 2;
-  return "model: {vocab_size: 257, hidden_size: 32, num_layers: 2, num_heads: 8, num_kv_heads: 4, head_dim: 8, "
-         "init_std: 0.1, tie_embeddings: " + std::string(l.tied ? "true" : "false") + "}\n"
-         "moe: {num_experts: 8, top_k: 2, expert_ffn: 16, shared_expert_ffn: 8, aux_loss_coef: 0.05, "
-         "z_loss_coef: 0.01}\n"
+  return test::compare_model_yaml(l.tied, corpus) +
          "optim: {lr: 0.01, schedule: constant, warmup_steps: 0, grad_clip: 0, state_placement: " +
          std::string(l.host_state ? "host" : "auto") + "}\n"
-         "data: {paths: [" + corpus + "], seq_len: 32, eod_mask_loss: true}\n"
          "train: {steps: " + std::to_string(steps) + ", global_batch_size: " +
          std::to_string(micro * l.dp * l.micro_batches) + ", micro_batch_size: " + std::to_string(micro) +
          ", eval_interval: 0, device: cpu}\n"
@@ -49,25 +45,6 @@ std::string config(const std::string& corpus, const std::string& dir, const Layo
          std::to_string(l.dp) + "}, moe: {ep: " + std::to_string(l.ep) + ", dp: " + std::to_string(l.edp) + "}}\n"
          "checkpoint: {dir: " + dir + ", interval: 0, keep_last: 0, resume: auto}\n"
          "log: {interval: 1}\n";
-}
-
-// Every tensor of a checkpoint (all its model and optimizer files), by name: its bytes.
-std::map<std::string, std::string> tensors(const std::filesystem::path& step_dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(step_dir)) {
-    if (e.path().extension() != ".safetensors") continue;
-    SafetensorsFile f(e.path());
-    for (const auto& [name, t] : f.tensors())
-      out[name] = std::string(static_cast<const char*>(t.data), t.bytes);
-  }
-  return out;
-}
-
-// The losses a run logged, one string each (shortest round-trip text: equal ⇔ equal bits).
-std::vector<std::string> losses(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const Json& j : test::read_metrics(dir + "/metrics.jsonl")) out.push_back(j.at("loss").dump());
-  return out;
 }
 
 World world_of(bool mpi) {
@@ -99,23 +76,7 @@ void train_layout(const std::string& corpus, const std::string& root, const Layo
 
 // Rank 0, after train_layout: the same losses, and every tensor of the final checkpoints the same.
 void check_layout(const std::string& root) {
-  const std::string last = "/step_" + std::to_string(kSteps);
-  const auto a = tensors(root + "/owner" + last);
-  REQUIRE(a.size() > 20);
-  CHECK(losses(root + "/owner") == losses(root + "/slice"));
-  CHECK(losses(root + "/owner").size() == size_t(kSteps));
-  CHECK(losses(root + "/owner").front() != losses(root + "/owner").back());  // it trains
-  for (const std::string other : {"slice", "os", "so"}) {
-    INFO(other);
-    const auto b = tensors(root + "/" + other + last);
-    CHECK(b.size() == a.size());
-    int differ = 0;
-    for (const auto& [name, bytes] : a) {
-      auto it = b.find(name);
-      differ += it == b.end() || it->second != bytes;
-    }
-    CHECK(differ == 0);
-  }
+  test::check_same_runs(root, "owner", "slice", {"loss"}, {"slice", "os", "so"}, kSteps);
 }
 
 std::string layout_text(const Layout& l) {
@@ -196,9 +157,9 @@ TEST_CASE("sliced parameters on N ranks equal whole ones, bit for bit", "[mpi][s
           train_layout(corpus.root + "/corpus", threads, l, [&] { return inprocess_world(ranks, rank, N); });
         });
         const std::string last = "/step_" + std::to_string(kSteps);
-        CHECK(tensors(threads + "/owner" + last) == tensors(root + "/owner" + last));
-        CHECK(tensors(threads + "/slice" + last) == tensors(root + "/slice" + last));
-        CHECK(losses(threads + "/slice") == losses(root + "/slice"));
+        CHECK(test::checkpoint_tensors(threads + "/owner" + last) == test::checkpoint_tensors(root + "/owner" + last));
+        CHECK(test::checkpoint_tensors(threads + "/slice" + last) == test::checkpoint_tensors(root + "/slice" + last));
+        CHECK(test::logged(threads + "/slice", "loss") == test::logged(root + "/slice", "loss"));
       }
     }
     MPI_Barrier(MPI_COMM_WORLD);

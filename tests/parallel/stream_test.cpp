@@ -13,9 +13,9 @@
 #include <spdlog/spdlog.h>
 
 #include "catch.h"
-#include "ckpt/safetensors.h"
 #include "model/params.h"
 #include "parallel/inprocess_comm.h"
+#include "parallel/run_compare.h"
 #include "plan/program.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
@@ -32,13 +32,9 @@ struct Layout {
 std::string config(const std::string& corpus, const std::string& dir, const Layout& l, const std::string& gradients,
                    int steps) {
   const int micro = 2;
-  return "model: {vocab_size: 257, hidden_size: 32, num_layers: 2, num_heads: 8, num_kv_heads: 4, head_dim: 8, "
-         "init_std: 0.1, tie_embeddings: " + std::string(l.tied ? "true" : "false") + "}\n"
-         "moe: {num_experts: 8, top_k: 2, expert_ffn: 16, shared_expert_ffn: 8, aux_loss_coef: 0.05, "
-         "z_loss_coef: 0.01}\n"
+  return test::compare_model_yaml(l.tied, corpus) +
          "optim: {lr: 0.01, schedule: constant, warmup_steps: 0, grad_clip: 0.05, state_placement: host, "
          "gradients: " + gradients + "}\n"
-         "data: {paths: [" + corpus + "], seq_len: 32, eod_mask_loss: true}\n"
          "train: {steps: " + std::to_string(steps) + ", global_batch_size: " +
          std::to_string(micro * l.dp * l.micro_batches) + ", micro_batch_size: " + std::to_string(micro) +
          ", eval_interval: 0, device: cpu}\n"
@@ -46,28 +42,6 @@ std::string config(const std::string& corpus, const std::string& dir, const Layo
          ", dp: " + std::to_string(l.dp / l.ep) + "}}\n"
          "checkpoint: {dir: " + dir + ", interval: 0, keep_last: 0, resume: auto}\n"
          "log: {interval: 1}\n";
-}
-
-std::map<std::string, std::string> tensors(const std::filesystem::path& step_dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : std::filesystem::directory_iterator(step_dir)) {
-    if (e.path().extension() != ".safetensors") continue;
-    SafetensorsFile f(e.path());
-    for (const auto& [name, t] : f.tensors()) out[name] = std::string(static_cast<const char*>(t.data), t.bytes);
-  }
-  return out;
-}
-
-std::vector<std::string> losses(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const Json& j : test::read_metrics(dir + "/metrics.jsonl")) out.push_back(j.at("loss").dump());
-  return out;
-}
-
-std::vector<std::string> norms(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const Json& j : test::read_metrics(dir + "/metrics.jsonl")) out.push_back(j.at("grad_norm").dump());
-  return out;
 }
 
 const int kSteps = 3;
@@ -87,24 +61,7 @@ void train_layout(const std::string& corpus, const std::string& root, const Layo
 }
 
 void check_layout(const std::string& root) {
-  const std::string last = "/step_" + std::to_string(kSteps);
-  const auto a = tensors(root + "/kept" + last);
-  REQUIRE(a.size() > 20);
-  CHECK(losses(root + "/kept") == losses(root + "/streamed"));
-  CHECK(norms(root + "/kept") == norms(root + "/streamed"));
-  CHECK(losses(root + "/kept").size() == size_t(kSteps));
-  CHECK(losses(root + "/kept").front() != losses(root + "/kept").back());  // it trains
-  for (const std::string other : {"streamed", "ks"}) {
-    INFO(other);
-    const auto b = tensors(root + "/" + other + last);
-    CHECK(b.size() == a.size());
-    int differ = 0;
-    for (const auto& [name, bytes] : a) {
-      auto it = b.find(name);
-      differ += it == b.end() || it->second != bytes;
-    }
-    CHECK(differ == 0);
-  }
+  test::check_same_runs(root, "kept", "streamed", {"loss", "grad_norm"}, {"streamed", "ks"}, kSteps);
 }
 
 }  // namespace
