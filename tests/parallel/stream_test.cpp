@@ -1,7 +1,7 @@
 // Streamed gradients (optim.gradients: host) against kept ones (gpu), on CPU ranks with all
 // optimizer state on the host: three steps give the same losses and a final checkpoint with the
-// same bytes in every tensor, over one rank and two in-process ranks (ZeRO-1 owners: every rank
-// streams every segment, and sends to the host only what it owns), one micro-batch and several
+// same bytes in every tensor, over one rank and two in-process ranks (dp or cp; ZeRO-1 owners:
+// every rank streams every segment, and sends to the host only what it owns), one micro-batch and several
 // (the running sums go to the host and come back), tied and untied embeddings; a run resumes
 // across a change (kept → streamed) to the same bytes. Gradient clipping binds: the global norm
 // takes the same squares in the same order. The program's slots are checked against the store.
@@ -27,6 +27,7 @@ namespace {
 struct Layout {
   int dp = 1, ep = 1, micro_batches = 1;
   bool tied = false;
+  int cp = 1;
 };
 
 std::string config(const std::string& corpus, const std::string& dir, const Layout& l, const std::string& gradients,
@@ -38,8 +39,8 @@ std::string config(const std::string& corpus, const std::string& dir, const Layo
          "train: {steps: " + std::to_string(steps) + ", global_batch_size: " +
          std::to_string(micro * l.dp * l.micro_batches) + ", micro_batch_size: " + std::to_string(micro) +
          ", eval_interval: 0, device: cpu}\n"
-         "parallel: {attention: {cp: 1, dp: " + std::to_string(l.dp) + "}, moe: {ep: " + std::to_string(l.ep) +
-         ", dp: " + std::to_string(l.dp / l.ep) + "}}\n"
+         "parallel: {attention: {cp: " + std::to_string(l.cp) + ", dp: " + std::to_string(l.dp) +
+         "}, moe: {ep: " + std::to_string(l.ep) + ", dp: " + std::to_string(l.cp * l.dp / l.ep) + "}}\n"
          "checkpoint: {dir: " + dir + ", interval: 0, keep_last: 0, resume: auto}\n"
          "log: {interval: 1}\n";
 }
@@ -83,14 +84,14 @@ TEST_CASE("streamed gradients on one rank equal kept ones, bit for bit", "[cpu][
   }
 }
 
-TEST_CASE("streamed gradients on 2 in-process ranks (ZeRO-1 owners) equal kept ones, bit for bit",
+TEST_CASE("streamed gradients on 2 in-process ranks (cp or dp; ZeRO-1 owners) equal kept ones, bit for bit",
           "[cpu][stream]") {
   spdlog::set_level(spdlog::level::warn);
   test::TempDir dir;
   const std::string corpus = test::prepare_corpus(dir, 40000);
   int i = 0;
-  for (const Layout l : {Layout{2, 2, 1}, Layout{2, 1, 2, true}}) {
-    INFO("ep " << l.ep << " micro-batches " << l.micro_batches << " tied " << l.tied);
+  for (const Layout l : {Layout{2, 2, 1}, Layout{2, 1, 2, true}, Layout{1, 2, 2, false, 2}}) {
+    INFO("cp " << l.cp << " dp " << l.dp << " ep " << l.ep << " micro-batches " << l.micro_batches << " tied " << l.tied);
     const std::string root = dir / ("run" + std::to_string(i++));
     std::shared_ptr<InProcessWorld> ranks = make_inprocess_world(2);
     run_inprocess(2, [&](int rank) { train_layout(corpus, root, l, [&] { return inprocess_world(ranks, rank, 2); }); });
