@@ -136,6 +136,7 @@ int device_comms(const Plan& p) {
   if (p.cfg.parallel.overlap_grad_reduce) n += 2;
   if (p.ring) n += 1;
   if (p.ep > 1) n += 2;
+  if (p.parallel.sliced()) n += 2;  // the weight gathers' (world, edp)
   return n;
 }
 
