@@ -138,7 +138,8 @@ void StepSchedule::streamed_slot(int group, int micro_batch) {
   if (micro_batch > 0) timed_.stream().wait(stashed_[size_t(segment)]);
   for (int p : params_.group_params(group)) {
     const Tensor g = params_.grad(p);
-    if (micro_batch > 0) timed_.copy(g.view({g.numel()}), running_sum(p));
+    // On the compute stream, not through Ops::copy (which waits for the host side to be done).
+    if (micro_batch > 0) copy_async(g.data, running_sum(p).data, g.bytes(), timed_.stream());
     else if (!model_.writes_gradient(p)) timed_.fill(g, 0);
   }
 }
