@@ -17,7 +17,6 @@
 #include <array>
 #include <climits>
 #include <cstdlib>
-#include <fstream>
 #include <iterator>
 #include <mutex>
 #include <queue>
@@ -27,6 +26,7 @@
 
 #include "ckpt/json.h"
 #include "core/error.h"
+#include "core/small_file.h"
 
 namespace mop {
 namespace {
@@ -809,12 +809,7 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::load(const std::filesystem::path& path) {
-  MOP_USER_CHECK(std::filesystem::is_regular_file(path), path.string(),
-                 ": no such file (expected a Hugging Face tokenizer.json)");
-  std::ifstream f(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  MOP_USER_CHECK(!f.bad(), path.string(), ": cannot read the file");
-  return from_json_text(text, path.string());
+  return from_json_text(read_small_file(path, "tokenizer", kTokenizerFileCap), path.string());
 }
 
 Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view source_view) {

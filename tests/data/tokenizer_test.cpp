@@ -334,5 +334,5 @@ TEST_CASE("tokenizer refuses what it does not implement, naming it", "[cpu][data
                    "regex does not compile");
 
   const std::string missing = (kFixtures / "no_such" / "tokenizer.json").string();
-  CHECK_USER_ERROR(Tokenizer::load(missing), missing + ": no such file");
+  CHECK_USER_ERROR(Tokenizer::load(missing), missing + ": not found");
 }
