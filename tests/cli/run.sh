@@ -94,6 +94,8 @@ head -c 100 data/corpus.idx > data/trunc.idx && cp data/corpus.bin data/trunc.bi
 expect 2 "data/trunc.idx" -- train --config good.yaml --set 'data.paths=[data/trunc]'
 printf 'MMIDIDX\x00\x00' > data/magic.idx && head -c 200 /dev/zero >> data/magic.idx && cp data/corpus.bin data/magic.bin
 expect 2 "data/magic.idx" -- train --config good.yaml --set 'data.paths=[data/magic]'
+mkfifo data/fifo.idx && cp data/corpus.bin data/fifo.bin
+expect 2 "data/fifo.idx: is not a regular file (a FIFO)" -- train --config good.yaml --set 'data.paths=[data/fifo]'
 python3 -c "import struct,sys; sys.stdout.buffer.write(struct.pack('<600H', *([65]*300 + [300] + [66]*299)))" > data/flat.bin
 expect 2 "is outside the vocabulary" -- train --config good.yaml --set 'data.paths=[data/flat.bin]' --set data.format=flat --set data.eos_id=-1
 expect 2 "is outside the vocabulary" -- validate --config good.yaml --set 'data.paths=[data/flat.bin]' --set data.format=flat --set data.eos_id=-1 --scan-data
@@ -215,6 +217,8 @@ mkdir -p hf_bad
 expect 2 "no config.json" -- import-hf hf_bad --out ckpt_hf
 echo '{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}' > hf_bad/config.json
 expect 2 'model_type = "llama": mop imports' -- import-hf hf_bad --out ckpt_hf
+echo '{"model_type": "qwen3_moe", "vocab_size": 100, "hidden_size": 8, "num_hidden_layers": 1000000000000}' > hf_bad/config.json
+expect 2 "config.json: num_hidden_layers = 1000000000000 is out of range: it becomes mop's model.num_layers, which takes 1 to 4096" -- import-hf hf_bad --out ckpt_hf
 expect 2 "no checkpoint found" -- export-hf nowhere --out hf_out
 expect 2 "--dtype" -- export-hf ckpt --out hf_out --dtype fp16
 expect 2 "MixtralForCausalLM has no q/k norm" -- export-hf ckpt --out hf_out --arch mixtral
