@@ -82,6 +82,16 @@ expect 2 "malformed YAML" -- validate --config bad_yaml.yaml
 expect 2 "--set moe.topk: unknown key (did you mean moe.top_k?)" -- validate --config good.yaml --set moe.topk=2
 expect 2 "moe.top_k: 9 exceeds moe.num_experts (4)" -- validate --config good.yaml --set moe.top_k=9
 expect 2 "model.hidden_size: expected an integer, got 'big'" -- validate --config good.yaml --set model.hidden_size=big
+# User text echoed in an error has its control characters escaped: a value cannot clear the terminal.
+expect 2 "model.hidden_size: expected an integer, got '\\x1b[2J'" -- validate --config good.yaml --set $'model.hidden_size=\e[2J'
+expect 2 "unknown command 'x\\x1b[2J'" -- $'x\e[2J'
+no_raw_escape() {
+  [[ "$("$mop" "$@" 2>&1)" != *$'\e'* ]] || { echo "FAIL: mop $* echoed a raw escape character"; failures=$((failures + 1)); }
+}
+no_raw_escape validate --config good.yaml --set $'model.hidden_size=\e[2J'
+no_raw_escape validate --config $'\e[2J.yaml'
+no_raw_escape $'x\e[2J'
+no_raw_escape train --config good.yaml --set $'data.paths=[data/\e[2J]'
 expect 2 "model.num_kv_heads: 3 does not divide model.num_heads (2)" -- validate --config good.yaml --set model.num_kv_heads=3
 expect 2 "model.hidden_size: -1 is out of range" -- validate --config good.yaml --set model.hidden_size=-1
 expect 2 "train.global_batch_size: 3 is not a multiple" -- validate --config good.yaml --set train.global_batch_size=3
