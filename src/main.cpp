@@ -146,8 +146,8 @@ int main(int argc, char** argv) {
     for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
       names.push_back(sub->get_name());
     if (std::find(names.begin(), names.end(), std::string(argv[1])) == names.end()) {
-      std::fprintf(stderr, "error: unknown command '%s'%s\nRun 'mop --help' for usage.\n", argv[1],
-                   mop::did_you_mean(argv[1], names).c_str());
+      std::fprintf(stderr, "error: unknown command '%s'%s\nRun 'mop --help' for usage.\n",
+                   mop::printable(argv[1]).c_str(), mop::did_you_mean(argv[1], names).c_str());
       return 2;
     }
   }
@@ -160,7 +160,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "error: %s\nRun 'mop --help' for usage.\n", e.what());
+    // CLI11's messages quote the arguments as given.
+    std::fprintf(stderr, "error: %s\nRun 'mop --help' for usage.\n", mop::printable(e.what()).c_str());
     return 2;
   }
 
@@ -202,7 +203,7 @@ int main(int argc, char** argv) {
     rc = 2;
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "internal error: %s\n", e.what());
+    std::fprintf(stderr, "internal error: %s\n", mop::printable(e.what()).c_str());
     if (world.mpi && world.size > 1) world.abort(1);
     rc = 1;
   }

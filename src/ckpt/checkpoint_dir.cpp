@@ -14,6 +14,7 @@
 
 #include "ckpt/file_io.h"
 #include "core/error.h"
+#include "core/small_file.h"
 
 namespace mop {
 namespace fs = std::filesystem;
@@ -32,8 +33,8 @@ void remove_all_or_throw(const fs::path& p) {
 std::optional<std::string> read_latest(const fs::path& root) {
   const fs::path path = root / kLatestName;
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return std::nullopt;
-  std::string s = read_file(path);
+  if (!fs::exists(fs::symlink_status(path, ec))) return std::nullopt;
+  std::string s = read_small_file(path, "", kConfigFileCap);
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
   if (!parse_checkpoint_dir_name(s)) {
     spdlog::warn("{}: does not name a step_<N> directory; ignored", path.string());

@@ -59,26 +59,6 @@ void OutFile::sync_and_close() {
   if (::close(fd) != 0) fail_errno(path_, "close failed", errno);
 }
 
-std::string read_file(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail_errno(path, "cannot open", errno);
-  std::string out;
-  char buf[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      fail_errno(path, "read failed", err);
-    }
-    if (n == 0) break;
-    out.append(buf, size_t(n));
-  }
-  ::close(fd);
-  return out;
-}
-
 void write_file_durable(const std::filesystem::path& path, std::string_view content) {
   OutFile f(path);
   f.write(content);

@@ -1,7 +1,7 @@
 // POSIX file helpers for durable checkpoint writes: a streaming output file, fsync of files and
-// directories, whole-file read, atomic replace. Failures are UserErrors naming the path and the
-// system's reason ("ckpt/step_40.tmp/model.safetensors: write failed: No space left on device"):
-// paths, permissions and full disks are for the user to fix.
+// directories, atomic replace (whole-file reads: core/small_file.h). Failures are UserErrors
+// naming the path and the system's reason ("ckpt/step_40.tmp/model.safetensors: write failed: No
+// space left on device"): paths, permissions and full disks are for the user to fix.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +35,6 @@ class OutFile {
   uint64_t bytes_written_ = 0;
 };
 
-std::string read_file(const std::filesystem::path& path);
 // Writes, fsyncs and closes `path` (no rename: for files inside a not-yet-committed directory).
 void write_file_durable(const std::filesystem::path& path, std::string_view content);
 // Replaces `path` atomically: writes `path`.tmp, fsyncs it, renames it over `path`, fsyncs the

@@ -6,14 +6,35 @@
 #include <algorithm>
 #include <sstream>
 
+#include "config/schema.h"
 #include "core/error.h"
 
 namespace mop {
 
 namespace {
 
+// A range bound as an integer when it is one ("4096", not "4.096e+03").
+std::string bound_str(double v) {
+  if (v == double(int64_t(v))) return std::to_string(int64_t(v));
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// The range mop's config allows for `mop_key` (config/schema.h).
+std::pair<double, double> mop_range(std::string_view mop_key) {
+  static Config scratch;
+  static const std::vector<FieldSpec> schema = config_schema(scratch);
+  for (const FieldSpec& f : schema)
+    if (f.path == mop_key) return {f.min, f.max};
+  MOP_UNREACHABLE("no config key ", mop_key);
+}
+
 // Typed, defaulted reads of config.json fields; a JSON null counts as absent (transformers writes
-// `"head_dim": null`, `"sliding_window": null`).
+// `"head_dim": null`, `"sliding_window": null`). A field that becomes a mop key is read with that
+// key: its value is checked against the key's range here, named by the field as config.json spells
+// it, before anything (a per-layer vector) is sized by it; the pairs read are kept to name the
+// config.json fields behind an error of mop's own checks.
 class Fields {
  public:
   Fields(const Json& j, const std::string& where) : j_(j), where_(where) {}
@@ -44,20 +65,50 @@ class Fields {
     const Json* v = get(key);
     return v ? v->as_string(at(key)) : fallback;
   }
+  int64_t integer_as(std::string_view key, std::string_view mop_key) {
+    return in_range(key, mop_key, integer(key));
+  }
+  int64_t integer_as(std::string_view key, std::string_view mop_key, int64_t fallback) {
+    return in_range(key, mop_key, integer(key, fallback));
+  }
+  double number_as(std::string_view key, std::string_view mop_key, double fallback) {
+    return in_range(key, mop_key, number(key, fallback));
+  }
+  // "model.num_kv_heads is num_key_value_heads, ..." for the mop keys `message` names.
+  std::string names_in(const std::string& message) const {
+    std::string out;
+    for (const auto& [mop_key, key] : read_as_)
+      if (message.find(mop_key) != std::string::npos)
+        out += (out.empty() ? "" : ", ") + mop_key + " is " + key;
+    return out;
+  }
+
   // "<where>: key = value: why" — the one-line message for a field mop cannot represent.
   [[noreturn]] void unsupported(std::string_view key, const std::string& why) const {
     const Json* v = j_.find(key);
     throw_user_error(where_, ": ", key, " = ", v ? v->dump() : "null", ": ", why);
   }
 
+  // `v`, config.json's `key`, checked against the range of the mop key it becomes.
+  template <class T>
+  T in_range(std::string_view key, std::string_view mop_key, T v) {
+    const auto [lo, hi] = mop_range(mop_key);
+    if (!(double(v) >= lo && double(v) <= hi))
+      throw_user_error(where_, ": ", key, " = ", v, " is out of range: it becomes mop's ", mop_key,
+                       ", which takes ", bound_str(lo), " to ", bound_str(hi));
+    read_as_.emplace_back(std::string(mop_key), std::string(key));
+    return v;
+  }
+
  private:
   const Json& j_;
   const std::string& where_;
+  std::vector<std::pair<std::string, std::string>> read_as_;  // (mop key, config.json field)
 };
 
 // RoPE: transformers 5 writes rope_parameters {rope_type, rope_theta}; 4.x rope_theta and
 // rope_scaling (null for plain RoPE). Only plain ("default") RoPE is implemented.
-double read_rope_theta(const Fields& f, double fallback) {
+double read_rope_theta(Fields& f, double fallback) {
   if (const Json* rs = f.get("rope_scaling")) {
     const Json* type = rs->is_object() ? rs->find("rope_type") : nullptr;
     if (!type || type->is_null()) type = rs->is_object() ? rs->find("type") : nullptr;
@@ -76,26 +127,31 @@ double read_rope_theta(const Fields& f, double fallback) {
       f.unsupported("rope_parameters",
                     "mop rotates every dimension of a head (partial_rotary_factor 1)");
     const Json* theta = rp->find("rope_theta");
-    if (theta && !theta->is_null()) return theta->as_double(where + ".rope_theta");
+    if (theta && !theta->is_null())
+      return f.in_range("rope_parameters.rope_theta", "model.rope_theta",
+                        theta->as_double(where + ".rope_theta"));
   }
   if (f.number("partial_rotary_factor", 1.0) != 1.0)
     f.unsupported("partial_rotary_factor", "mop rotates every dimension of a head");
-  return f.number("rope_theta", fallback);
+  return f.number_as("rope_theta", "model.rope_theta", fallback);
 }
 
 // The first N layers dense and the rest MoE is what mop's model expresses
 // (moe.first_dense_layers); Qwen3-MoE's mlp_only_layers and decoder_sparse_step can say more.
 int64_t qwen3_first_dense_layers(const Fields& f, int64_t layers, int64_t experts) {
-  std::vector<int64_t> mlp_only;
+  // `layers` is in mop's range (Fields::integer_as) before this vector is sized by it. Entries of
+  // mlp_only_layers past the last layer name no layer (transformers ignores them too).
+  std::vector<bool> mlp_only(static_cast<size_t>(layers), false);
   if (const Json* m = f.get("mlp_only_layers"))
-    for (const Json& v : m->as_array(f.at("mlp_only_layers")))
-      mlp_only.push_back(v.as_int64(f.at("mlp_only_layers")));
+    for (const Json& v : m->as_array(f.at("mlp_only_layers"))) {
+      const int64_t l = v.as_int64(f.at("mlp_only_layers"));
+      if (l >= 0 && l < layers) mlp_only[size_t(l)] = true;
+    }
   const int64_t step = f.integer("decoder_sparse_step", 1);
   MOP_USER_CHECK(step >= 1, f.at("decoder_sparse_step"), ": ", step, " must be ≥ 1");
   std::vector<bool> sparse(static_cast<size_t>(layers), false);
   for (int64_t l = 0; l < layers; ++l)
-    sparse[size_t(l)] = std::find(mlp_only.begin(), mlp_only.end(), l) == mlp_only.end() &&
-                        experts > 0 && (l + 1) % step == 0;
+    sparse[size_t(l)] = !mlp_only[size_t(l)] && experts > 0 && (l + 1) % step == 0;
   int64_t first = 0;
   while (first < layers && !sparse[size_t(first)]) ++first;
   bool prefix = std::all_of(sparse.begin() + first, sparse.end(), [](bool s) { return s; });
@@ -163,15 +219,15 @@ HfImportedConfig hf_config_to_mop(const Json& hf, const std::string& where) {
   Config& c = out.config;
   auto& m = c.model;
   auto& e = c.moe;
-  m.vocab_size = f.integer("vocab_size");
-  m.hidden_size = f.integer("hidden_size");
-  m.num_layers = f.integer("num_hidden_layers");
-  m.num_heads = f.integer("num_attention_heads");
-  m.num_kv_heads = f.integer("num_key_value_heads", m.num_heads);
-  m.head_dim = f.integer("head_dim", 0);
+  m.vocab_size = f.integer_as("vocab_size", "model.vocab_size");
+  m.hidden_size = f.integer_as("hidden_size", "model.hidden_size");
+  m.num_layers = f.integer_as("num_hidden_layers", "model.num_layers");
+  m.num_heads = f.integer_as("num_attention_heads", "model.num_heads");
+  m.num_kv_heads = f.integer_as("num_key_value_heads", "model.num_kv_heads", m.num_heads);
+  m.head_dim = f.integer_as("head_dim", "model.head_dim", 0);
   m.tie_embeddings = f.boolean("tie_word_embeddings", false);
   m.init_std = std::clamp(f.number("initializer_range", 0.02), 1e-6, 1.0);
-  e.top_k = f.integer("num_experts_per_tok");
+  e.top_k = f.integer_as("num_experts_per_tok", "moe.top_k");
   // transformers' load-balancing loss, E·Σ_e f_e·P_e with f_e counting all top-k choices, is
   // top_k at balance; mop's (README: E/(T·k)·Σ_e count_e·P_e) is 1. The same gradient takes
   // top_k × the coefficient. (transformers adds it only with output_router_logits: true.)
@@ -183,26 +239,26 @@ HfImportedConfig hf_config_to_mop(const Json& hf, const std::string& where) {
 
   if (*arch == HfArch::Qwen3Moe) {
     // transformers 5 writes num_experts as num_local_experts (Qwen3MoeConfig.attribute_map).
-    e.num_experts =
-        f.get("num_experts") ? f.integer("num_experts") : f.integer("num_local_experts");
+    e.num_experts = f.get("num_experts") ? f.integer_as("num_experts", "moe.num_experts")
+                                         : f.integer_as("num_local_experts", "moe.num_experts");
     if (f.boolean("use_sliding_window", false))
       f.unsupported("use_sliding_window",
                     "mop's attention is full causal attention (no sliding window)");
     m.qk_norm = true;
-    m.rms_eps = f.number("rms_norm_eps", 1e-6);
+    m.rms_eps = f.number_as("rms_norm_eps", "model.rms_eps", 1e-6);
     m.rope_theta = read_rope_theta(f, 10000.0);
-    e.expert_ffn = f.integer("moe_intermediate_size");
+    e.expert_ffn = f.integer_as("moe_intermediate_size", "moe.expert_ffn");
     e.renormalize = f.boolean("norm_topk_prob", false);
     e.first_dense_layers = qwen3_first_dense_layers(f, m.num_layers, e.num_experts);
-    e.dense_ffn = f.integer("intermediate_size", 0);
+    e.dense_ffn = f.integer_as("intermediate_size", "moe.dense_ffn", 0);
     MOP_USER_CHECK(e.first_dense_layers == 0 || e.dense_ffn > 0, where,
                    ": missing field 'intermediate_size' (the width of the dense layers)");
   } else {
-    e.num_experts = f.integer("num_local_experts");
+    e.num_experts = f.integer_as("num_local_experts", "moe.num_experts");
     m.qk_norm = false;
-    m.rms_eps = f.number("rms_norm_eps", 1e-5);
+    m.rms_eps = f.number_as("rms_norm_eps", "model.rms_eps", 1e-5);
     m.rope_theta = read_rope_theta(f, 1e6);
-    e.expert_ffn = f.integer("intermediate_size");
+    e.expert_ffn = f.integer_as("intermediate_size", "moe.expert_ffn");
     // Mixtral: softmax over all experts, top-k, divide by the kept sum — the same weights as a
     // softmax over the top-k logits, i.e. renormalize: true.
     e.renormalize = true;
@@ -233,7 +289,9 @@ HfImportedConfig hf_config_to_mop(const Json& hf, const std::string& where) {
   try {
     c = load_config_text(dump_config(c), {}, where);
   } catch (const UserError& err) {
-    throw_user_error(where, ": the model does not fit mop's configuration: ", err.what());
+    const std::string names = f.names_in(err.what());
+    throw_user_error(where, ": the model does not fit mop's configuration: ", err.what(),
+                     names.empty() ? "" : " (in config.json: " + names + ")");
   }
   return out;
 }

@@ -93,6 +93,10 @@ HfTensorFiles::HfTensorFiles(const fs::path& dir) : dir_(dir) {
       const std::string& fname = file.as_string(where + ": weight_map." + name);
       auto [it, fresh] = file_idx.try_emplace(fname, files_.size());
       if (fresh) {
+        const fs::path as_path(fname);
+        MOP_USER_CHECK(as_path.filename() == as_path && fname != "." && fname != "..", where,
+                       ": weight_map: '", name, "': ", fname,
+                       " is not a file name (a file of the directory itself)");
         MOP_USER_CHECK(fs::is_regular_file(dir / fname, ec), where, ": weight_map names ", fname,
                        ", which is not in ", dir.string());
         files_.emplace_back(dir / fname);

@@ -10,9 +10,9 @@
 #include <charconv>
 #include <cstdio>
 
-#include "ckpt/file_io.h"
 #include "ckpt/json.h"
 #include "core/error.h"
+#include "core/small_file.h"
 
 namespace mop {
 namespace {
@@ -329,7 +329,7 @@ Json parse_json(std::string_view text, std::string_view source) {
 }
 
 Json read_json_file(const std::filesystem::path& path) {
-  return parse_json(read_file(path), path.string());
+  return parse_json(read_small_file(path, "", kConfigFileCap), path.string());
 }
 
 }  // namespace mop

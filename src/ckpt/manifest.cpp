@@ -9,6 +9,7 @@
 #include "ckpt/file_io.h"
 #include "ckpt/sha256.h"
 #include "core/error.h"
+#include "core/small_file.h"
 
 namespace mop {
 namespace {
@@ -85,7 +86,7 @@ Manifest read_manifest(const std::filesystem::path& dir) {
   if (!std::filesystem::is_regular_file(path, ec))
     throw_user_error("checkpoint ", dir.string(), ": no ", kManifestName,
                      " (incomplete checkpoint?)");
-  return Manifest::from_json(parse_json(read_file(path), where), where);
+  return Manifest::from_json(parse_json(read_small_file(path, "", kConfigFileCap), where), where);
 }
 
 Manifest verify_checkpoint(const std::filesystem::path& dir) {

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "core/small_file.h"
 
 namespace mop {
 namespace {
@@ -149,7 +150,8 @@ std::string sha256_hex(std::string_view data) {
 }
 
 FileDigest sha256_file(const std::filesystem::path& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  (void)regular_file_size(path, "");  // stat first: open(2) of a FIFO would wait for a writer
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw_user_error(path.string(), ": cannot open: ", std::strerror(errno));
   auto buf = std::make_unique<uint8_t[]>(kFileBlock);
   Sha256 h;

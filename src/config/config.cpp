@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
@@ -19,6 +18,7 @@
 
 #include "config/schema.h"
 #include "core/error.h"
+#include "core/small_file.h"
 
 namespace mop {
 namespace {
@@ -426,12 +426,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   MOP_USER_CHECK(!std::filesystem::is_directory(path, ec), "config file ", path,
                  " is a directory; give the YAML file itself (a checkpoint directory holds "
                  "config.resolved.yaml)");
-  MOP_USER_CHECK(std::filesystem::is_regular_file(path, ec), "config file ", path, " not found");
-  std::ifstream in(path);
-  MOP_USER_CHECK(in.good(), "config file ", path, " cannot be read");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return load_config_text(ss.str(), overrides, path);
+  return load_config_text(read_small_file(path, "config file", kConfigFileCap), overrides, path);
 }
 
 void validate_parallel(const Config& c, int world_size) {

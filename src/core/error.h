@@ -8,14 +8,22 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace mop {
 
-// Raised for problems the user can fix; main() prints "error: <what>" and exits with code 2.
+// `text` with every control character written out — "\x1b", "\n", "\u009b" (C1), "\xff" (a byte
+// that is not UTF-8) — and the rest, UTF-8 included, as it is. Messages echo what the user wrote
+// (config keys and values, paths, flags); escaped, a value cannot clear the terminal, move the
+// cursor or forge a second line. Escaped text comes back unchanged, so escaping twice is harmless.
+std::string printable(std::string_view text);
+
+// Raised for problems the user can fix; main() prints "error: <what>" and exits with code 2. The
+// message is made printable here, so every user error is, whoever built it.
 class UserError : public std::runtime_error {
  public:
-  explicit UserError(const std::string& what) : std::runtime_error(what) {}
+  explicit UserError(const std::string& what) : std::runtime_error(printable(what)) {}
 };
 
 // Raised for internal failures; the message already names the statement and its location.

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/small_file.h"
 
 namespace mop {
 namespace {
@@ -30,7 +31,10 @@ int madvise_flag(MapAdvice advice) {
 }  // namespace
 
 MappedFile::MappedFile(std::string path, MapAdvice advice) : path_(std::move(path)) {
-  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  // stat first: open(2) of a FIFO would wait for a writer. O_NONBLOCK covers a path swapped for a
+  // FIFO after the stat (the fstat below refuses it); it changes nothing for a regular file.
+  (void)regular_file_size(path_, "");
+  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   MOP_USER_CHECK(fd >= 0, path_, ": cannot open: ", std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -40,7 +44,7 @@ MappedFile::MappedFile(std::string path, MapAdvice advice) : path_(std::move(pat
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw_user_error(path_, ": not a regular file");
+    throw_user_error(path_, ": is not a regular file");
   }
   size_ = size_t(st.st_size);
   if (size_ > 0) {

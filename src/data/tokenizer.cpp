@@ -17,7 +17,6 @@
 #include <array>
 #include <climits>
 #include <cstdlib>
-#include <fstream>
 #include <iterator>
 #include <mutex>
 #include <queue>
@@ -27,6 +26,7 @@
 
 #include "ckpt/json.h"
 #include "core/error.h"
+#include "core/small_file.h"
 
 namespace mop {
 namespace {
@@ -115,11 +115,17 @@ std::vector<uint32_t> bytes_to_unicode() {
 
 struct Regex {
   pcre2_code* code = nullptr;
+  std::string pattern, where;  // for errors: the tokenizer file's pattern and where it is
   Regex() = default;
   Regex(const Regex&) = delete;
-  Regex(Regex&& o) noexcept : code(std::exchange(o.code, nullptr)) {}
+  Regex(Regex&& o) noexcept
+      : code(std::exchange(o.code, nullptr)),
+        pattern(std::move(o.pattern)),
+        where(std::move(o.where)) {}
   Regex& operator=(Regex&& o) noexcept {
     std::swap(code, o.code);
+    std::swap(pattern, o.pattern);
+    std::swap(where, o.where);
     return *this;
   }
   ~Regex() {
@@ -140,19 +146,40 @@ Regex compile_regex(std::string_view pattern, std::string_view where) {
                      reinterpret_cast<const char*>(msg));
   }
   pcre2_jit_compile(re.code, PCRE2_JIT_COMPLETE);  // the interpreter runs it when JIT is absent
+  re.pattern = std::string(pattern);
+  re.where = std::string(where);
   return re;
+}
+
+// A pattern that backtracks without end on some text (nested quantifiers) stops at one of PCRE2's
+// limits; that is the tokenizer file's doing, so it is a UserError naming the file and pattern.
+[[noreturn]] void match_failed(const Regex& re, int rc) {
+  const char* limit = rc == PCRE2_ERROR_MATCHLIMIT       ? "match limit"
+                      : rc == PCRE2_ERROR_DEPTHLIMIT     ? "depth limit"
+                      : rc == PCRE2_ERROR_HEAPLIMIT      ? "heap limit"
+                      : rc == PCRE2_ERROR_JIT_STACKLIMIT ? "JIT stack limit"
+                                                         : nullptr;
+  PCRE2_UCHAR msg[256];
+  pcre2_get_error_message(rc, msg, sizeof msg);
+  MOP_CHECK(limit, "pcre2_match failed: ", rc, " (", reinterpret_cast<const char*>(msg), ")");
+  throw_user_error(re.where, ": the regex '", re.pattern, "' hit PCRE2's ", limit, " (error ", rc,
+                   ") on a piece of the text: it backtracks too much (nested quantifiers?); "
+                   "simplify the pattern in the tokenizer file");
 }
 
 // Splits `text` into the matches of `re` and the gaps between them ("Isolated"), empty pieces
 // dropped. Offsets are into `text`.
 void split_isolated(const Regex& re, std::string_view text, std::vector<std::string_view>& out) {
-  pcre2_match_data* md = pcre2_match_data_create_from_pattern(re.code, nullptr);
+  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md_owner(
+      pcre2_match_data_create_from_pattern(re.code, nullptr), &pcre2_match_data_free);
+  pcre2_match_data* md = md_owner.get();
+  MOP_CHECK(md, "pcre2_match_data_create_from_pattern: out of memory");
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t pos = 0, gap = 0;
   while (pos < text.size()) {
     const int rc = pcre2_match(re.code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    MOP_CHECK(rc > 0, "pcre2_match failed: ", rc);
+    if (rc <= 0) match_failed(re, rc);
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     const size_t start = ov[0], end = ov[1];
     if (start == end) {  // an empty match: step over one character
@@ -164,7 +191,6 @@ void split_isolated(const Regex& re, std::string_view text, std::vector<std::str
     out.push_back(text.substr(start, end - start));
     gap = pos = end;
   }
-  pcre2_match_data_free(md);
   if (gap < text.size()) out.push_back(text.substr(gap));
 }
 
@@ -809,12 +835,7 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::load(const std::filesystem::path& path) {
-  MOP_USER_CHECK(std::filesystem::is_regular_file(path), path.string(),
-                 ": no such file (expected a Hugging Face tokenizer.json)");
-  std::ifstream f(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  MOP_USER_CHECK(!f.bad(), path.string(), ": cannot read the file");
-  return from_json_text(text, path.string());
+  return from_json_text(read_small_file(path, "tokenizer", kTokenizerFileCap), path.string());
 }
 
 Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view source_view) {

@@ -6,6 +6,7 @@
 
 #include "ckpt/file_io.h"
 #include "core/error.h"
+#include "core/small_file.h"
 #include "data/megatron_format.h"
 #include "data/tokenizer.h"
 
@@ -38,15 +39,16 @@ std::string data_stem(const std::string& prefix) { return megatron_paths(prefix)
 }  // namespace
 
 TokenizerFiles TokenizerFiles::read(const fs::path& tokenizer_json, const std::string& what) {
-  std::error_code ec;
-  MOP_USER_CHECK(fs::is_regular_file(tokenizer_json, ec), what, " ", tokenizer_json.string(), ": not found");
   TokenizerFiles t;
   t.source = tokenizer_json.string();
-  t.files.emplace_back(std::string(kMain), read_file(tokenizer_json));
+  t.files.emplace_back(std::string(kMain),
+                       read_small_file(tokenizer_json, what, kTokenizerFileCap));
+  std::error_code ec;
   if (const auto stem = stem_of(tokenizer_json))
     for (std::string_view name : kCompanions) {
       const fs::path p = join(*stem, name);
-      if (fs::is_regular_file(p, ec)) t.files.emplace_back(std::string(name), read_file(p));
+      if (fs::exists(fs::symlink_status(p, ec)))
+        t.files.emplace_back(std::string(name), read_small_file(p, what, kTokenizerFileCap));
     }
   return t;
 }
@@ -54,7 +56,7 @@ TokenizerFiles TokenizerFiles::read(const fs::path& tokenizer_json, const std::s
 std::optional<TokenizerFiles> TokenizerFiles::in_directory(const fs::path& dir) {
   std::error_code ec;
   const fs::path main = dir / kMain;
-  if (!fs::is_regular_file(main, ec)) return std::nullopt;
+  if (!fs::exists(fs::symlink_status(main, ec))) return std::nullopt;
   return read(main, "tokenizer");
 }
 

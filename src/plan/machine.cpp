@@ -10,12 +10,12 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <set>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/small_file.h"
 
 namespace mop {
 
@@ -331,13 +331,7 @@ Machine parse_machine(const std::string& text, const std::string& origin) {
 }
 
 Machine load_machine(const std::string& path) {
-  std::error_code ec;
-  MOP_USER_CHECK(std::filesystem::is_regular_file(path, ec), "machine file ", path, " not found");
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  MOP_USER_CHECK(in.good() || in.eof(), "machine file ", path, " cannot be read");
-  return parse_machine(ss.str(), path);
+  return parse_machine(read_small_file(path, "machine file", kConfigFileCap), path);
 }
 
 std::string machine_yaml(const Machine& m0) {

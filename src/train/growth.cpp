@@ -17,6 +17,7 @@
 #include "ckpt/safetensors.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/small_file.h"
 #include "model/model_spec.h"
 #include "runtime/bulk_copy.h"
 
@@ -230,7 +231,9 @@ void grow_checkpoint(const std::string& dir, const GrowthOptions& o) {
   }
   // Every other file (the tokenizer, ...) as it was.
   for (const ManifestFile& f : m.files)
-    if (!f.name.ends_with(".safetensors")) write_file_durable(w.file(f.name), read_file(fs::path(dir) / f.name));
+    if (!f.name.ends_with(".safetensors"))
+      write_file_durable(w.file(f.name), read_small_file(fs::path(dir) / f.name, "checkpoint file",
+                                                         kTokenizerFileCap));
   Manifest grown = m;
   grown.files.clear();
   grown.config = dump_config(after);

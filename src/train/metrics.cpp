@@ -14,6 +14,7 @@
 #include "ckpt/json.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/small_file.h"
 #include "runtime/runtime.h"
 
 namespace mop {
@@ -34,12 +35,10 @@ std::string format_duration(double seconds) {
 // not parse or lacks its newline is what a crash in mid-write leaves: dropped with a warning.
 // Anything else that is not a metrics line is named by file and line.
 void truncate_after(const std::string& path, int64_t resume_step) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return;
-  std::stringstream whole;
-  whole << in.rdbuf();
-  in.close();
-  const std::string text = whole.str();
+  // A device or pipe (log.metrics_file: /dev/null) has no earlier lines to keep.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return;
+  const std::string text = read_small_file(path, "log.metrics_file", kTextFileCap);
   std::vector<std::string> keep;
   size_t begin = 0;
   for (int64_t line_no = 1; begin < text.size(); ++line_no) {

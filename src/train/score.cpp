@@ -11,6 +11,7 @@
 
 #include "ckpt/file_io.h"
 #include "core/error.h"
+#include "core/small_file.h"
 #include "model/transformer.h"
 #include "train/checkpointing.h"
 #include "train/hf_checkpoint_reader.h"
@@ -36,9 +37,7 @@ void for_each_line(const std::string& bytes, F&& f) {
 }  // namespace
 
 std::vector<std::vector<int32_t>> read_token_file(const std::string& path, int64_t seq_len) {
-  std::error_code ec;
-  MOP_USER_CHECK(std::filesystem::is_regular_file(path, ec), "--tokens ", path, ": not found");
-  const std::string bytes = read_file(path);
+  const std::string bytes = read_small_file(path, "--tokens", kTextFileCap);
   MOP_USER_CHECK(!bytes.empty(), "--tokens ", path, ": empty file");
   std::vector<std::vector<int32_t>> seqs;
   const bool text = std::all_of(bytes.begin(), bytes.end(), [](char c) {
@@ -83,11 +82,10 @@ std::vector<std::vector<int32_t>> read_token_file(const std::string& path, int64
 }
 
 std::vector<std::vector<int32_t>> read_text_file(const std::string& path, const std::string& checkpoint) {
-  std::error_code ec;
-  MOP_USER_CHECK(std::filesystem::is_regular_file(path, ec), "--text ", path, ": not found");
+  // Read (or refused) before the checkpoint is opened: a wrong --text path is named first.
+  const std::string bytes = read_small_file(path, "--text", kTextFileCap);
   const std::string dir = resolve_checkpoint_path(checkpoint, "--checkpoint");
   const TextCodec codec = TextCodec::for_checkpoint(dir, checkpoint_config(dir));
-  const std::string bytes = read_file(path);
   std::vector<std::vector<int32_t>> seqs;
   for_each_line(bytes, [&](size_t line_no, std::string_view line) {
     if (line.ends_with('\r')) line.remove_suffix(1);

@@ -238,5 +238,5 @@ TEST_CASE("json: read_json_file names the file", "[cpu][ckpt]") {
   ckpt_test::write_bytes(tmp / "bad.json", R"({"a":[1,2,3})");
   CHECK_USER_ERROR(read_json_file(tmp / "bad.json"),
                         tmp / "bad.json" + ": invalid JSON");
-  CHECK_USER_ERROR(read_json_file(tmp / "none.json"), "none.json: cannot open: No such file");
+  CHECK_USER_ERROR(read_json_file(tmp / "none.json"), "none.json: not found");
 }

@@ -74,5 +74,5 @@ TEST_CASE("sha256: file hash streams the whole file", "[cpu][ckpt]") {
   CHECK(d.sha256 == sha256_hex(data));
   ckpt_test::write_bytes(tmp / "empty", "");
   CHECK(sha256_file(tmp / "empty").sha256 == sha256_hex(""));
-  CHECK_USER_ERROR(sha256_file(tmp / "missing"), "missing: cannot open");
+  CHECK_USER_ERROR(sha256_file(tmp / "missing"), "missing: not found");
 }

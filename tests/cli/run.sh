@@ -63,10 +63,16 @@ expect 2 "error:" -- train --config good.yaml --bogus-flag
 expect 2 "--config is required" -- train
 
 # Config problems.
-expect 2 "config file missing.yaml not found" -- train --config missing.yaml
+expect 2 "config file missing.yaml: not found" -- train --config missing.yaml
 expect 2 "unknown command 'trian' (did you mean train?)" -- trian --config good.yaml
 mkdir -p a_directory
 expect 2 "config file a_directory is a directory" -- train --config a_directory
+# Files read whole: stat first (a FIFO is refused, not waited on), and a cap on the size.
+mkfifo a_fifo.yaml
+expect 2 "config file a_fifo.yaml: is not a regular file (a FIFO)" -- validate --config a_fifo.yaml
+expect 2 "config file /dev/zero: is not a regular file (a character device)" -- validate --config /dev/zero
+truncate -s 65M huge.yaml
+expect 2 "config file huge.yaml: 65 MiB, over the 64 MiB cap for this file" -- validate --config huge.yaml
 printf 'model: {hidden_size: 16, num_layers: 2, hidden_size: 32}\n' > dup_key.yaml
 expect 2 "dup_key.yaml:1: duplicate key model.hidden_size" -- validate --config dup_key.yaml
 printf 'train: {steps: 2}\nmodel: {hidden_size: 16}\ntrain: {steps: 3}\n' > dup_section.yaml
@@ -76,6 +82,16 @@ expect 2 "malformed YAML" -- validate --config bad_yaml.yaml
 expect 2 "--set moe.topk: unknown key (did you mean moe.top_k?)" -- validate --config good.yaml --set moe.topk=2
 expect 2 "moe.top_k: 9 exceeds moe.num_experts (4)" -- validate --config good.yaml --set moe.top_k=9
 expect 2 "model.hidden_size: expected an integer, got 'big'" -- validate --config good.yaml --set model.hidden_size=big
+# User text echoed in an error has its control characters escaped: a value cannot clear the terminal.
+expect 2 "model.hidden_size: expected an integer, got '\\x1b[2J'" -- validate --config good.yaml --set $'model.hidden_size=\e[2J'
+expect 2 "unknown command 'x\\x1b[2J'" -- $'x\e[2J'
+no_raw_escape() {
+  [[ "$("$mop" "$@" 2>&1)" != *$'\e'* ]] || { echo "FAIL: mop $* echoed a raw escape character"; failures=$((failures + 1)); }
+}
+no_raw_escape validate --config good.yaml --set $'model.hidden_size=\e[2J'
+no_raw_escape validate --config $'\e[2J.yaml'
+no_raw_escape $'x\e[2J'
+no_raw_escape train --config good.yaml --set $'data.paths=[data/\e[2J]'
 expect 2 "model.num_kv_heads: 3 does not divide model.num_heads (2)" -- validate --config good.yaml --set model.num_kv_heads=3
 expect 2 "model.hidden_size: -1 is out of range" -- validate --config good.yaml --set model.hidden_size=-1
 expect 2 "train.global_batch_size: 3 is not a multiple" -- validate --config good.yaml --set train.global_batch_size=3
@@ -88,6 +104,8 @@ head -c 100 data/corpus.idx > data/trunc.idx && cp data/corpus.bin data/trunc.bi
 expect 2 "data/trunc.idx" -- train --config good.yaml --set 'data.paths=[data/trunc]'
 printf 'MMIDIDX\x00\x00' > data/magic.idx && head -c 200 /dev/zero >> data/magic.idx && cp data/corpus.bin data/magic.bin
 expect 2 "data/magic.idx" -- train --config good.yaml --set 'data.paths=[data/magic]'
+mkfifo data/fifo.idx && cp data/corpus.bin data/fifo.bin
+expect 2 "data/fifo.idx: is not a regular file (a FIFO)" -- train --config good.yaml --set 'data.paths=[data/fifo]'
 python3 -c "import struct,sys; sys.stdout.buffer.write(struct.pack('<600H', *([65]*300 + [300] + [66]*299)))" > data/flat.bin
 expect 2 "is outside the vocabulary" -- train --config good.yaml --set 'data.paths=[data/flat.bin]' --set data.format=flat --set data.eos_id=-1
 expect 2 "is outside the vocabulary" -- validate --config good.yaml --set 'data.paths=[data/flat.bin]' --set data.format=flat --set data.eos_id=-1 --scan-data
@@ -119,7 +137,7 @@ expect 0 "wrote machine.yaml" -- calibrate --device cpu --out machine.yaml
 expect 0 "MFU" -- plan --config good.yaml --machine machine.yaml --set train.device=cpu
 printf 'device: {memroy_gib: 1}\n' > bad_machine.yaml
 expect 2 "bad_machine.yaml:1: device.memroy_gib: unknown key" -- plan --config good.yaml --machine bad_machine.yaml
-expect 2 "machine file nowhere.yaml not found" -- plan --config good.yaml --machine nowhere.yaml
+expect 2 "machine file nowhere.yaml: not found" -- plan --config good.yaml --machine nowhere.yaml
 expect 2 "'sometimes' is not one of config or auto" -- plan --config good.yaml --set train.plan=sometimes
 expect 0 "done at step 2" -- train --config good.yaml --set train.plan=auto --set train.steps=2 --set checkpoint.dir=ckpt_auto
 expect 0 "done at step 2" -- train --config good.yaml --set model.vocab_size=151936 --set "data.paths=[data/rand]" --set data.eos_id=-1 --set train.steps=2 --set checkpoint.dir=ckpt_rand
@@ -209,6 +227,8 @@ mkdir -p hf_bad
 expect 2 "no config.json" -- import-hf hf_bad --out ckpt_hf
 echo '{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}' > hf_bad/config.json
 expect 2 'model_type = "llama": mop imports' -- import-hf hf_bad --out ckpt_hf
+echo '{"model_type": "qwen3_moe", "vocab_size": 100, "hidden_size": 8, "num_hidden_layers": 1000000000000}' > hf_bad/config.json
+expect 2 "config.json: num_hidden_layers = 1000000000000 is out of range: it becomes mop's model.num_layers, which takes 1 to 4096" -- import-hf hf_bad --out ckpt_hf
 expect 2 "no checkpoint found" -- export-hf nowhere --out hf_out
 expect 2 "--dtype" -- export-hf ckpt --out hf_out --dtype fp16
 expect 2 "MixtralForCausalLM has no q/k norm" -- export-hf ckpt --out hf_out --arch mixtral
@@ -232,6 +252,8 @@ cross_entropy() { "$mop" score "$@" 2>&1 | grep "mean cross-entropy"; }
 expect 2 "--tokens excludes --text" -- score --checkpoint ckpt --tokens tokens.txt --text text.txt
 expect 2 "mop score needs one of --tokens (ids) and --text (text)" -- score --checkpoint ckpt
 expect 2 "--text nowhere.txt: not found" -- score --checkpoint ckpt --text nowhere.txt
+expect 2 "--tokens a_fifo.yaml: is not a regular file (a FIFO)" -- score --checkpoint ckpt --tokens a_fifo.yaml
+expect 2 "--text /dev/zero: is not a regular file (a character device)" -- score --checkpoint ckpt --text /dev/zero
 
 # The tokenizer goes with the data into every checkpoint: generate and score read text with it,
 # export-hf and import-hf carry it; a run whose data and checkpoint disagree is refused.
@@ -272,6 +294,7 @@ expect 2 "differs from the one checkpoint" -- train --config tok.yaml --set "dat
 expect 0 "done at step 3" -- train --config tok.yaml --set "data.paths=[data/tok_gpt2]" --set checkpoint.dir=ckpt_tok_ft --set checkpoint.init_from=ckpt_tok --set "data.tokenizer=$gtok"
 check_same "$gtok" ckpt_tok_ft/step_3/tokenizer.json "data.tokenizer is not the one the checkpoints carry"
 expect 2 "data.tokenizer nowhere.json: not found" -- train --config tok.yaml --set data.tokenizer=nowhere.json --set checkpoint.dir=ckpt_tok_none
+expect 2 "data.tokenizer a_directory: is not a regular file (a directory)" -- train --config tok.yaml --set data.tokenizer=a_directory --set checkpoint.dir=ckpt_tok_none
 # Shards rewritten as bytes lose the tokenizer an earlier prepare left beside them.
 expect 0 "documents" -- prepare-data --input corpus.txt --output data/tok_gpt2
 [ ! -e data/tok_gpt2.tokenizer.json ] \

@@ -107,6 +107,27 @@ TEST_CASE("config: bad input names the path and value", "[cpu][config]") {
   CHECK(malformed.find("malformed YAML") != std::string::npos);
 }
 
+TEST_CASE("config: values, keys and paths echoed in errors have their control characters escaped",
+          "[cpu][config]") {
+  // "\x1b[2J" clears a terminal; echoed as written it would wipe the message that names it.
+  CHECK(error_of("model: {hidden_size: \"\\e[2J\"}") ==
+        "cfg.yaml:1: model.hidden_size: expected an integer, got '\\x1b[2J'");
+  CHECK(error_of("", {"model.hidden_size=\x1b[2Jbig"}) ==
+        "--set model.hidden_size: expected an integer, got '\\x1b[2Jbig'");
+  CHECK(error_of("", {"model.hid\rden=1"}) == "--set model.hid\\rden: unknown key");
+  CHECK(error_of("model: {\"hidden\\nsize\": 1}").find("unknown key model.hidden\\nsize") !=
+        std::string::npos);
+  CHECK(error_of("", {"parallel.attention.impl=r\xc2\x9bing"}).find("'r\\u009bing' is not one of") !=
+        std::string::npos);
+  const std::string path = "conf\x1b]0;title\x07.yaml";
+  try {
+    load_config(path, {});
+    FAIL("no error");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()) == "config file conf\\x1b]0;title\\x07.yaml: not found");
+  }
+}
+
 TEST_CASE("config: parallel foldings must match the number of ranks", "[cpu][config]") {
   Config c = load_config_text("parallel: {attention: {cp: 2, dp: 2}, moe: {ep: 4}}\ntrain: {global_batch_size: 16}");
   CHECK_NOTHROW(validate_parallel(c, 4));

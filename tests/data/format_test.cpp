@@ -275,9 +275,9 @@ TEST_CASE("flat token files: uint16 and uint32, EOS boundaries, odd sizes", "[cp
   CHECK_USER_ERROR(TokenShard::open_flat(dir / "odd.u16", TokenDType::U32, -1),
                    "size 3 bytes is not a multiple of 4 (uint32 tokens)");
   CHECK_USER_ERROR(TokenShard::open_flat(dir / "missing.u16", TokenDType::U16, -1),
-                   (dir / "missing.u16") + ": cannot open: No such file");
+                   (dir / "missing.u16") + ": not found");
   CHECK_USER_ERROR(TokenShard::open_flat(dir.path.string(), TokenDType::U16, -1),
-                   "not a regular file");
+                   "is not a regular file (a directory)");
   CHECK_USER_ERROR(parse_flat_dtype("int32"), "flat token dtype must be uint16 or uint32");
   test::write_file(dir / "empty.u16", {});
   TokenShard empty = TokenShard::open_flat(dir / "empty.u16", TokenDType::U16, 0);

@@ -99,7 +99,7 @@ TEST_CASE("prepare_data: bad inputs are UserErrors", "[cpu][data]") {
   o.output = dir / "out";
   CHECK_USER_ERROR(prepare_data(o), "at least one input file");
   o.inputs = {dir / "ok.txt", dir / "missing.txt"};
-  CHECK_USER_ERROR(prepare_data(o), (dir / "missing.txt") + ": cannot open: No such file");
+  CHECK_USER_ERROR(prepare_data(o), (dir / "missing.txt") + ": not found");
   o.inputs = {dir / "empty.txt"};
   CHECK_USER_ERROR(prepare_data(o), (dir / "empty.txt") + ": is empty");
   o.inputs = {dir / "ok.txt", dir / "blank.txt"};

@@ -334,5 +334,19 @@ TEST_CASE("tokenizer refuses what it does not implement, naming it", "[cpu][data
                    "regex does not compile");
 
   const std::string missing = (kFixtures / "no_such" / "tokenizer.json").string();
-  CHECK_USER_ERROR(Tokenizer::load(missing), missing + ": no such file");
+  CHECK_USER_ERROR(Tokenizer::load(missing), missing + ": not found");
+}
+
+TEST_CASE("tokenizer: a pre-tokenizer regex that backtracks past PCRE2's limits is named",
+          "[cpu][data]") {
+  // (a+)+$ on a run of a's that ends in a b tries 2^n ways to split the run: PCRE2 gives up at
+  // its match limit (10^7 steps) in well under a second, and that is the tokenizer file's doing.
+  const Tokenizer t = Tokenizer::from_json_text(
+      minimal_json("pre_tokenizer", R"({"type": "Sequence", "pretokenizers": [
+                     {"type": "Split", "behavior": "Isolated", "pattern": {"Regex": "(a+)+$"}},
+                     {"type": "ByteLevel", "add_prefix_space": false}]})"),
+      "bad/tokenizer.json");
+  CHECK(t.encode("ab") == std::vector<int32_t>{2});
+  CHECK_USER_ERROR(t.encode(std::string(40, 'a') + "b"),
+                   "bad/tokenizer.json: pre_tokenizer Split: the regex '(a+)+$' hit PCRE2's");
 }

@@ -91,6 +91,55 @@ TEST_CASE("hf: config.json fields mop cannot represent are named with their valu
   CHECK(r.imported.notes[0].find("sliding_window 4096") != std::string::npos);
 }
 
+TEST_CASE("hf: config.json sizes outside mop's ranges are refused by their own name and value",
+          "[cpu][hf]") {
+  // Checked as each field is read, before anything (the per-layer vectors of mlp_only_layers) is
+  // sized by it: a trillion layers is one line, not an allocation or a length_error.
+  TinyHf q;
+  TinyHf x;
+  x.arch = "mixtral", x.layers = 2, x.head_dim = 4;
+  struct Case {
+    const TinyHf& m;
+    const char* key;
+    const char* value;
+    const char* message;
+  };
+  const Case cases[] = {
+      {q, "num_hidden_layers", "1000000000000",
+       "config.json: num_hidden_layers = 1000000000000 is out of range: it becomes mop's "
+       "model.num_layers, which takes 1 to 4096"},
+      {q, "num_hidden_layers", "-1", "num_hidden_layers = -1 is out of range"},
+      {q, "num_experts", "-1", "num_experts = -1 is out of range: it becomes mop's moe.num_experts"},
+      {x, "num_local_experts", "-1", "num_local_experts = -1 is out of range"},
+      {x, "num_local_experts", "1000000", "num_local_experts = 1000000 is out of range"},
+      {q, "vocab_size", "9999999999", "vocab_size = 9999999999 is out of range"},
+      {q, "hidden_size", "0", "hidden_size = 0 is out of range"},
+      {q, "num_attention_heads", "100000", "num_attention_heads = 100000 is out of range"},
+      {q, "num_key_value_heads", "-2", "num_key_value_heads = -2 is out of range"},
+      {q, "head_dim", "4096", "head_dim = 4096 is out of range"},
+      {q, "num_experts_per_tok", "0", "num_experts_per_tok = 0 is out of range"},
+      {q, "moe_intermediate_size", "-5", "moe_intermediate_size = -5 is out of range"},
+      {q, "intermediate_size", "-5", "intermediate_size = -5 is out of range"},
+      {x, "intermediate_size", "99999999", "intermediate_size = 99999999 is out of range"},
+      {q, "rms_norm_eps", "5.0", "rms_norm_eps = 5 is out of range"},
+      {q, "rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": 0.5}",
+       "rope_parameters.rope_theta = 0.5 is out of range: it becomes mop's model.rope_theta"},
+      // Checks across fields name the config.json fields behind mop's keys.
+      {q, "num_key_value_heads", "3", "model.num_kv_heads is num_key_value_heads)"},
+      {q, "num_experts_per_tok", "4", "moe.top_k is num_experts_per_tok"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.key << " = " << c.value);
+    std::string msg = import_error_with(c.m, c.key, c.value);
+    INFO("message: " << msg);
+    CHECK(msg.find(c.message) != std::string::npos);
+  }
+  // Entries of mlp_only_layers past the last layer name no layer: ignored, a long list in one pass.
+  std::string many = "[1000";
+  for (int i = 1; i < 200000; ++i) many += ", " + std::to_string(1000 + i);
+  CHECK(import_error_with(q, "mlp_only_layers", many + "]").empty());
+}
+
 TEST_CASE("hf: missing, misshapen, extra and non-float tensors are named", "[cpu][hf]") {
   TinyHf q;
   const std::string up = "model.layers.1.mlp.experts.2.up_proj.weight";
@@ -150,6 +199,16 @@ TEST_CASE("hf: directory problems are named", "[cpu][hf]") {
   fs::remove(tmp.path / "sharded" / "model-00002-of-00002.safetensors");
   CHECK_USER_ERROR(import_hf(tmp / "sharded", tmp / "ckpt"),
                    "weight_map names model-00002-of-00002.safetensors, which is not in");
+  // A weight_map entry is a file name in the directory, never a path out of it.
+  write_tiny_hf(tmp.path / "escape", q);
+  const fs::path index = tmp.path / "escape" / "model.safetensors.index.json";
+  Json j = read_json_file(index);
+  for (auto& [name, file] : j["weight_map"].as_object())
+    file = Json("../escape/model-00001-of-00002.safetensors");
+  write_text_file(index, j.dump(2));
+  CHECK_USER_ERROR(import_hf(tmp / "escape", tmp / "ckpt"),
+                   "': ../escape/model-00001-of-00002.safetensors is not a file name (a file "
+                   "of the directory itself)");
   q.shards = 1;
   write_tiny_hf(tmp.path / "good", q);
   import_hf(tmp / "good", tmp / "ckpt");

@@ -8,8 +8,8 @@
 #include <fstream>
 
 #include "catch.h"
-#include "ckpt/file_io.h"
 #include "ckpt/json.h"
+#include "core/small_file.h"
 #include "test_util.h"
 #include "train/hf_interop.h"
 #include "train/score.h"
@@ -48,7 +48,7 @@ TEST_CASE("hf: golden transformers logits and loss (Qwen3-MoE fp32, Mixtral bf16
     INFO("mop loss " << r.mean_ce() << ", transformers " << loss);
     CHECK(std::fabs(r.mean_ce() - loss) <= kLossRelTol * loss);
 
-    std::string bytes = read_file(dir / expected.at("logits").as_string());
+    std::string bytes = read_small_file(dir / expected.at("logits").as_string(), "", kTextFileCap);
     REQUIRE(bytes.size() == r.logits.size() * sizeof(float));
     std::vector<float> want(r.logits.size());
     std::memcpy(want.data(), bytes.data(), bytes.size());
@@ -66,7 +66,7 @@ TEST_CASE("hf: golden transformers logits and loss (Qwen3-MoE fp32, Mixtral bf16
     HfExportOptions o;
     o.dtype = std::string(arch) == "mixtral" ? DType::BF16 : DType::F32;
     export_hf(tmp / "ckpt", tmp / "out", o);
-    CHECK(read_file(tmp.path / "out" / "model.safetensors") ==
-          read_file(dir / "model.safetensors"));
+    CHECK(read_small_file(tmp.path / "out" / "model.safetensors", "", kTextFileCap) ==
+          read_small_file(dir / "model.safetensors", "", kTextFileCap));
   }
 }
