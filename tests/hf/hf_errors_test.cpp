@@ -36,19 +36,29 @@ std::string import_error_with_tensors(const TinyHf& m, std::vector<NamedTensor> 
   return test::user_error_of([&] { import_hf(tmp / "hf", tmp / "ckpt"); });
 }
 
+// One config.json field set to a value, and what the import's error must say.
+struct ImportCase {
+  const TinyHf& m;
+  const char* key;
+  const char* value;
+  const char* message;
+};
+
+std::string check_import_error(const ImportCase& c) {
+  INFO(c.key << " = " << c.value);
+  std::string msg = import_error_with(c.m, c.key, c.value);
+  INFO("message: " << msg);
+  CHECK(msg.find(c.message) != std::string::npos);
+  return msg;
+}
+
 }  // namespace
 
 TEST_CASE("hf: config.json fields mop cannot represent are named with their value", "[cpu][hf]") {
   TinyHf q;
   TinyHf x;
   x.arch = "mixtral", x.layers = 2, x.head_dim = 4;
-  struct Case {
-    const TinyHf& m;
-    const char* key;
-    const char* value;
-    const char* message;
-  };
-  const Case cases[] = {
+  const ImportCase cases[] = {
       {q, "model_type", "\"llama\"", "model_type = \"llama\": mop imports"},
       {q, "architectures", "[\"Qwen3MoeForSequenceClassification\"]",
        "architectures = [\"Qwen3MoeForSequenceClassification\"]"},
@@ -73,12 +83,9 @@ TEST_CASE("hf: config.json fields mop cannot represent are named with their valu
       {x, "rope_parameters", "{\"rope_type\": \"dynamic\", \"rope_theta\": 10000.0}",
        "rope_parameters = "},
   };
-  for (const Case& c : cases) {
-    INFO(c.key << " = " << c.value);
-    std::string msg = import_error_with(c.m, c.key, c.value);
-    INFO("message: " << msg);
+  for (const ImportCase& c : cases) {
+    const std::string msg = check_import_error(c);
     CHECK(msg.find("config.json") != std::string::npos);
-    CHECK(msg.find(c.message) != std::string::npos);
     CHECK(msg.find('\n') == std::string::npos);
   }
   // A window no position can reach is no window: accepted, with a note.
@@ -98,13 +105,7 @@ TEST_CASE("hf: config.json sizes outside mop's ranges are refused by their own n
   TinyHf q;
   TinyHf x;
   x.arch = "mixtral", x.layers = 2, x.head_dim = 4;
-  struct Case {
-    const TinyHf& m;
-    const char* key;
-    const char* value;
-    const char* message;
-  };
-  const Case cases[] = {
+  const ImportCase cases[] = {
       {q, "num_hidden_layers", "1000000000000",
        "config.json: num_hidden_layers = 1000000000000 is out of range: it becomes mop's "
        "model.num_layers, which takes 1 to 4096"},
@@ -128,12 +129,7 @@ TEST_CASE("hf: config.json sizes outside mop's ranges are refused by their own n
       {q, "num_key_value_heads", "3", "model.num_kv_heads is num_key_value_heads)"},
       {q, "num_experts_per_tok", "4", "moe.top_k is num_experts_per_tok"},
   };
-  for (const Case& c : cases) {
-    INFO(c.key << " = " << c.value);
-    std::string msg = import_error_with(c.m, c.key, c.value);
-    INFO("message: " << msg);
-    CHECK(msg.find(c.message) != std::string::npos);
-  }
+  for (const ImportCase& c : cases) check_import_error(c);
   // Entries of mlp_only_layers past the last layer name no layer: ignored, a long list in one pass.
   std::string many = "[1000";
   for (int i = 1; i < 200000; ++i) many += ", " + std::to_string(1000 + i);
