@@ -1,6 +1,7 @@
 // `mop export-hf`: a trainer checkpoint → a Hugging Face model directory (config.json, safetensors
 // shards, index) in the Qwen3-MoE or Mixtral layout, bf16 (rounded to nearest even, as torch's
 // .to(torch.bfloat16)) or fp32 (the master weights unchanged).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -54,13 +55,19 @@ HfExportResult export_hf(const std::string& checkpoint, const std::string& out,
   Json hf_config = mop_config_to_hf(cfg, r.arch, o.dtype == DType::BF16 ? "bfloat16" : "float32");
 
   // Never mix with an earlier model: transformers would prefer a stale index over a new single
-  // file.
+  // file, and another model's tokenizer files beside ours (or in place of the ones this checkpoint
+  // lacks) would make a mixed tokenizer.
+  static const char* const kTokenizerFiles[] = {"tokenizer.json",  "tokenizer_config.json", "special_tokens_map.json",
+                                                "added_tokens.json", "vocab.json",          "merges.txt",
+                                                "vocab.txt",       "tokenizer.model",       "generation_config.json"};
   std::error_code ec;
   if (fs::is_directory(out, ec))
     for (const fs::directory_entry& e : fs::directory_iterator(out, ec)) {
       std::string name = e.path().filename().string();
+      const bool tokenizer = std::find(std::begin(kTokenizerFiles), std::end(kTokenizerFiles), name) !=
+                             std::end(kTokenizerFiles);
       MOP_USER_CHECK(name != "config.json" && !name.ends_with(".safetensors") &&
-                         name != "model.safetensors.index.json",
+                         name != "model.safetensors.index.json" && !tokenizer,
                      "--out ", out, ": already holds a model (", name,
                      "); export into a new directory");
     }

@@ -213,6 +213,15 @@ TEST_CASE("hf: directory problems are named", "[cpu][hf]") {
   HfExportOptions o;
   export_hf(tmp / "ckpt", tmp / "out", o);
   CHECK_USER_ERROR(export_hf(tmp / "ckpt", tmp / "out", o), "already holds a model");
+  // Another model's tokenizer files alone: refused too (they would mix with this one's).
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model"}) {
+    INFO(name);
+    fs::create_directories(tmp.path / "tok");
+    write_text_file(tmp.path / "tok" / name, "{}");
+    CHECK_USER_ERROR(export_hf(tmp / "ckpt", tmp / "tok", o), std::string("already holds a model (") + name);
+    CHECK_FALSE(fs::exists(tmp.path / "tok" / "config.json"));
+    fs::remove_all(tmp.path / "tok");
+  }
   o.arch = HfArch::Mixtral;
   CHECK_USER_ERROR(export_hf(tmp / "ckpt", tmp / "out2", o),
                    "model.qk_norm: true: MixtralForCausalLM has no q/k norm");
