@@ -3,8 +3,10 @@
 #include "runtime/runtime.h"
 
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -182,6 +184,69 @@ void release_memory(MemKind kind, void* ptr) {
   }
 }
 
+namespace {
+
+// A number in a small kernel file (cgroup limits, /proc); 0 when absent, empty or "max".
+size_t read_limit(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return 0;
+  char buf[64] = {0};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(buf, &end, 10);
+  return end == buf ? 0 : size_t(v);
+}
+
+// A "Name:  N kB" line of /proc/self/status, in KiB (0: absent).
+size_t read_proc_status_kib(const char* name) {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  size_t kib = 0;
+  const size_t len = std::strlen(name);
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, name, len) == 0) kib = size_t(std::strtoull(line + len, nullptr, 10));
+  std::fclose(f);
+  return kib;
+}
+
+// This process's cgroup memory limit (v2: memory.max of its cgroup; v1: the memory controller's
+// limit_in_bytes), 0 for none.
+size_t cgroup_memory_limit() {
+  FILE* f = std::fopen("/proc/self/cgroup", "r");
+  if (!f) return 0;
+  char line[4096];
+  std::string v2;
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, "0::", 3) == 0) {
+      v2 = line + 3;
+      while (!v2.empty() && (v2.back() == '\n' || v2.back() == '\r')) v2.pop_back();
+    }
+  std::fclose(f);
+  if (!v2.empty()) {
+    const size_t limit = read_limit("/sys/fs/cgroup" + v2 + "/memory.max");
+    if (limit > 0) return limit;
+  }
+  const size_t v1 = read_limit("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+  return v1 >= (size_t(1) << 60) ? 0 : v1;  // v1 writes a huge number for "no limit"
+}
+
+}  // namespace
+
+size_t host_memory_limit() {
+  size_t limit = cgroup_memory_limit();
+  struct rlimit rl {};
+  if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    // The address space already in use counts against it.
+    const size_t used = read_proc_status_kib("VmSize:") * 1024;
+    const size_t room = size_t(rl.rlim_cur) > used ? size_t(rl.rlim_cur) - used : 0;
+    limit = limit == 0 ? room : std::min(limit, room);
+  }
+  return limit;
+}
+
 MemoryInfo memory_info(Device device) {
   MemoryInfo m;
   if (device == Device::CPU) {
@@ -189,6 +254,8 @@ MemoryInfo memory_info(Device device) {
     const long page = sysconf(_SC_PAGE_SIZE);
     if (pages > 0 && page > 0) m.total = size_t(pages) * size_t(page);
     if (avail > 0 && page > 0) m.free = size_t(avail) * size_t(page);
+    if (const size_t limit = host_memory_limit(); limit > 0)
+      m.total = std::min(m.total, limit), m.free = std::min(m.free, limit);
     return m;
   }
 #ifdef MOP_HAVE_CUDA
@@ -205,16 +272,7 @@ int host_cores() {
   return n > 0 ? int(n) : 1;
 }
 
-size_t peak_resident_bytes() {
-  FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  size_t kib = 0;
-  while (std::fgets(line, sizeof line, f))
-    if (std::strncmp(line, "VmHWM:", 6) == 0) kib = size_t(std::strtoull(line + 6, nullptr, 10));
-  std::fclose(f);
-  return kib * 1024;
-}
+size_t peak_resident_bytes() { return read_proc_status_kib("VmHWM:") * 1024; }
 
 bool cuda_built() {
 #ifdef MOP_HAVE_CUDA

@@ -90,12 +90,16 @@ void copy_async(void* dst, const void* src, size_t bytes, Stream stream);
 void* allocate_memory(MemKind kind, size_t bytes);
 void release_memory(MemKind kind, void* ptr);
 
-// Bytes free and in all on `device`'s memory (the current GPU), or of the host's physical
-// memory for Device::CPU.
+// Bytes free and in all on `device`'s memory (the current GPU), or for Device::CPU of the host's
+// physical memory, capped by host_memory_limit().
 struct MemoryInfo {
   size_t free = 0, total = 0;
 };
 MemoryInfo memory_info(Device device);
+// What this process may still allocate by its own limits: the least of its cgroup's memory limit
+// (v2 memory.max, v1 limit_in_bytes) and its address-space limit (ulimit -v) less the address
+// space in use; 0 when neither limits it.
+size_t host_memory_limit();
 // Cores this process may run on (its affinity mask).
 int host_cores();
 // The most host memory this process has had resident (VmHWM; pinned buffers included), 0 where

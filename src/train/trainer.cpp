@@ -75,6 +75,9 @@ Machine run_machine(const Config& cfg, World& world) {
     mem[1] = double(memory_info(Device::CUDA).free);
   }
   world.comm->all_reduce_host(mem, 2, Comm::Op::Min);
+  if (const size_t limit = host_memory_limit(); limit > 0 && double(limit) <= mem[0])
+    spdlog::info("host memory: {} by this process's limits (its cgroup's memory limit, ulimit -v), the "
+                 "plan's budget", format_bytes(double(limit)));
   m.host.memory_bytes = mem[0];
   m.device.memory_bytes = mem[1];
   m.gpus_per_node = world.local_size;

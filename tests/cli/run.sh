@@ -133,6 +133,22 @@ expect 2 "no plan fits" -- plan --config "$src/configs/moe-1t.yaml" --machine "$
 expect 2 "optim.gradients: host streams the gradients" -- plan --config good.yaml --set optim.gradients=host --set optim.state_placement=gpu
 expect 0 "stash-grads" -- plan --config good.yaml --set optim.gradients=host --set optim.state_placement=host --program
 expect 0 "reduce-scatter" -- plan --config good.yaml --set parallel.shard=slice --set parallel.attention.dp=2 --set parallel.moe.dp=2 --program
+# The plan's host budget is the process's own limits too: under ulimit -v a run too large for it is
+# refused by the plan (exit 2) instead of dying at its first allocation.
+cat > big.yaml <<'EOF'
+model: {vocab_size: 257, hidden_size: 1024, num_layers: 8, num_heads: 8, num_kv_heads: 4}
+moe: {num_experts: 32, top_k: 2, expert_ffn: 1024}
+data: {paths: [data/corpus], seq_len: 32}
+train: {steps: 1, global_batch_size: 2, micro_batch_size: 2, device: cpu}
+checkpoint: {dir: ckpt_big}
+EOF
+out=$( (ulimit -v 3000000; "$mop" train --config big.yaml) 2>&1); rc=$?
+if [ "$rc" = 2 ] && [[ "$out" == *"host memory per node"* ]] && [[ "$out" == *"by this process's limits"* ]]; then
+  echo "ok: mop train under ulimit -v -> 2"
+else
+  echo "FAIL: mop train under ulimit -v -> exit $rc (want 2, the plan's refusal), output:"; echo "$out" | tail -n 5
+  failures=$((failures + 1))
+fi
 expect 0 "wrote machine.yaml" -- calibrate --device cpu --out machine.yaml
 expect 0 "MFU" -- plan --config good.yaml --machine machine.yaml --set train.device=cpu
 printf 'device: {memroy_gib: 1}\n' > bad_machine.yaml
