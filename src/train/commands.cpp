@@ -22,6 +22,7 @@
 #include "plan/program.h"
 #include "plan/search.h"
 #include "train/checkpointing.h"
+#include "train/forward_memory.h"
 #include "train/growth.h"
 #include "train/text_codec.h"
 #include "train/trainer.h"
@@ -302,6 +303,7 @@ int cmd_generate(const GenerateArgs& args) {
   TransformerOptions topt;
   topt.plan.max_batch = 1;
   topt.plan.max_seq = S;
+  check_forward_memory("generate: the checkpoint's window (data.seq_len)", layout.dims, topt.plan, 0, Device::CPU);
   Transformer model(layout, params, *ops, topt);
   model.allocate();
 

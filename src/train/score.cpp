@@ -14,6 +14,7 @@
 #include "core/small_file.h"
 #include "model/transformer.h"
 #include "train/checkpointing.h"
+#include "train/forward_memory.h"
 #include "train/hf_checkpoint_reader.h"
 #include "train/text_codec.h"
 #include "train/trainer.h"
@@ -100,6 +101,10 @@ std::vector<std::vector<int32_t>> read_text_file(const std::string& path, const 
   return seqs;
 }
 
+// The longest sequence mop score takes (16M tokens: the model's buffers index it with int; far
+// beyond what one machine holds the activations of anyway).
+constexpr int64_t kMaxScoreTokens = int64_t(1) << 24;
+
 ScoreResult score_sequences(const std::string& checkpoint,
                             const std::vector<std::vector<int32_t>>& seqs,
                             const std::string& device, bool want_logits) {
@@ -137,10 +142,18 @@ ScoreResult score_sequences(const std::string& checkpoint,
     r.tokens += int64_t(seqs[s].size());
   }
   MOP_USER_CHECK(max_len > 0, "--tokens: no token ids");
+  MOP_USER_CHECK(max_len <= kMaxScoreTokens, "--tokens/--text: a sequence of ", max_len,
+                 " tokens; mop score takes sequences of at most ", kMaxScoreTokens);
   TransformerOptions topt;
   topt.plan.max_batch = 1;
   topt.plan.max_seq = int(max_len);
   topt.plan.lm_head_chunk = cfg.train.lm_head_chunk;
+  {
+    // The weights are in place already; the logits (fp32 on the host, and a sequence's on a GPU).
+    size_t other = want_logits ? size_t(r.tokens) * size_t(r.vocab) * sizeof(float) : 0;
+    if (gpu && want_logits) other += size_t(max_len) * size_t(r.vocab) * dtype_size(acc_dtype(placement.compute));
+    check_forward_memory("score: the longest sequence", layout.dims, topt.plan, other, placement.device);
+  }
   Transformer model(layout, params, *ops, topt);
   model.allocate();
 

@@ -266,6 +266,15 @@ cross_entropy() { "$mop" score "$@" 2>&1 | grep "mean cross-entropy"; }
   && [ "$(cross_entropy --checkpoint ckpt --tokens tokens.txt)" = "$(cross_entropy --checkpoint ckpt --text text.txt)" ] \
   || { echo "FAIL: score --text of a byte-level model differs from --tokens of the bytes"; failures=$((failures + 1)); }
 expect 2 "--tokens excludes --text" -- score --checkpoint ckpt --tokens tokens.txt --text text.txt
+# A sequence too long for the memory this process may use: refused before the model allocates it.
+head -c 2000000 /dev/zero | tr '\0' 'a' > long_line.txt
+out=$( (ulimit -v 2500000; "$mop" score --checkpoint ckpt --text long_line.txt --out long.bin) 2>&1); rc=$?
+if [ "$rc" = 2 ] && [[ "$out" == *"score: the longest sequence: 2000000 tokens need"* ]] && [[ "$out" == *"use shorter sequences"* ]]; then
+  echo "ok: mop score of a 2M-token line under ulimit -v -> 2"
+else
+  echo "FAIL: mop score of a 2M-token line under ulimit -v -> exit $rc (want 2), output:"; echo "$out" | tail -n 5
+  failures=$((failures + 1))
+fi
 expect 2 "mop score needs one of --tokens (ids) and --text (text)" -- score --checkpoint ckpt
 expect 2 "--text nowhere.txt: not found" -- score --checkpoint ckpt --text nowhere.txt
 expect 2 "--tokens a_fifo.yaml: is not a regular file (a FIFO)" -- score --checkpoint ckpt --tokens a_fifo.yaml
