@@ -104,6 +104,15 @@ bool Plan::grads_in_flight(int q) const {
   return stream_grads && !state_on_host.empty() && state_on_host[size_t(q)];
 }
 
+std::vector<bool> Plan::streamed_segments() const {
+  if (!stream_grads || state_on_host.empty()) return {};
+  const ModelLayout& local = local_layout();
+  std::vector<bool> out(size_t(num_segments(dims)), false);
+  for (size_t q = 0; q < local.params.size(); ++q)
+    if (state_on_host[q]) out[size_t(param_segment(local, int(q)))] = true;
+  return out;
+}
+
 namespace {
 
 std::string count_text(double n) {
@@ -211,10 +220,7 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
     // slots (model/params.h), the host pipeline's staging (on the GPU bf16 for the two segments
     // being converted; pinned bf16 gradients and weights), and with several micro-batches every
     // streamed gradient's running sum in host memory (schedule/step.h).
-    std::vector<bool> pooled(size_t(segments), false);
-    for (size_t q = 0; q < local.params.size(); ++q)
-      if (state_on_host[q]) pooled[size_t(param_segment(local, int(q)))] = true;
-    const ParamStore store(local, run.compute, run.grad, MemKind::Host, PooledGrads{pooled, false});
+    const ParamStore store(local, run.compute, run.grad, MemKind::Host, PooledGrads{streamed_segments(), false});
     m.weights = store.weight_bytes(), m.grads = store.grad_bytes();
     std::vector<int64_t> by_segment(size_t(segments), 0);
     staged = staged_cpu = streamed = 0;

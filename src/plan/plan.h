@@ -109,6 +109,9 @@ struct Plan {
   // on the device only while its segment is in flight (sliced with one micro-batch, or streamed).
   int64_t state_numel(int rank, int q, int64_t numel) const;
   bool grads_in_flight(int q) const;
+  // Streamed gradients: per segment of the rank's layout, whether its gradients are streamed (a
+  // segment whose optimizer state is on the host, owned by this rank or not); empty without.
+  std::vector<bool> streamed_segments() const;
   // Whether `rank` keeps parameter p's optimizer state (and updates it).
   bool owns(int rank, int p) const { return parallel.owns(rank, p); }
   // Tokens per optimizer step (all ranks) and the model FLOPs of one step.

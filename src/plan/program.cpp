@@ -28,11 +28,7 @@ ProgramShape program_shape(const Plan& plan, int rank) {
   s.tied = layout.lm_head == layout.embedding;
   // Streamed gradients: every parameter of a segment whose state is on the host (owned here or
   // not: ZeRO-1 sums them all).
-  if (plan.stream_grads) {
-    s.streamed.assign(size_t(s.segments), false);
-    for (int p = 0; p < int(layout.params.size()); ++p)
-      if (plan.state_on_host[size_t(p)]) s.streamed[size_t(param_segment(layout, p))] = true;
-  }
+  s.streamed = plan.streamed_segments();
   // Sliced: the sums are issued on the compute stream, each freeing its gradients' slot.
   if (s.sliced) s.async_reduce = false;
   // Sliced: each segment's slices are gathered once their update is done (WaitUpdate first).

@@ -150,10 +150,8 @@ void Trainer::build() {
     params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem,
                                            param_slices(plan_.parallel, world_.rank, plan_.micro_batches));
   } else if (plan_.stream_grads) {  // optim.gradients: host (or auto, planned so)
-    std::vector<bool> pooled(size_t(num_segments(layout_.dims)), false);
-    for (int p = 0; p < int(layout_.params.size()); ++p)
-      if (plan_.state_on_host[size_t(p)]) pooled[size_t(param_segment(layout_, p))] = true;
-    params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem, PooledGrads{pooled});
+    params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem,
+                                           PooledGrads{plan_.streamed_segments()});
   } else {
     params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem);
   }
