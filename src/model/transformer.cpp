@@ -38,6 +38,7 @@ Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops
   MOP_CHECK(cp_ == 1 || (opt_.comms.cp && opt_.comms.cp->size() == cp_), "cp ", cp_, " needs its comm");
   MOP_CHECK(ep_ == 1 || (opt_.comms.ep && opt_.comms.ep_host && opt_.comms.ep->size() == ep_),
             "ep ", ep_, " needs its comms");
+  routed_counts_.assign(size_t(d_.num_moe_layers() * d_.experts), 0);
   for (const BufferSpec& b : plan_.device) arena_.add(b.shape);
   for (const BufferSpec& b : plan_.host) host_arena_.add(b.shape);
 }
@@ -245,7 +246,7 @@ Tensor Transformer::chunk_experts_fwd(const LayerParams& P, const Acts& a, int64
 // chunked plan the experts (and the shared expert) run chunk by chunk, and not at all when
 // `experts` is false (a recomputing layer: its backward recomputes each chunk).
 void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor losses,
-                          float aux_scale, bool experts) {
+                          float aux_scale, bool experts, bool count) {
   const LayerParams& P = layout_.layers[l];
   const int64_t K = d_.top_k, TK = T * K;
   const bool chunked = opt_.plan.chunked(T);
@@ -272,8 +273,12 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
   float layer_w = aux_scale / float(d_.num_moe_layers());
   ops_.moe_aux_loss(losses, arena_.tensor(a.aux_grad), probs, rlse, loss_counts, int(K),
                     float(d_.aux_coef) * layer_w / float(cp_ * cp_), float(d_.z_coef) * layer_w / float(cp_));
+  // Counting: the tokens once a pass (at the first MoE layer), the rows per expert from the
+  // offsets the experts need on the host anyway (whole, or chunk by chunk).
+  if (count && l == d_.first_dense) routed_tokens_ += T;
   if (!experts) return;
   if (!chunked) {
+    if (count) count_routed(l, offsets_host);
     Tensor xp = act(a.xp, TK), yp = act(a.yp, TK);
     ops_.moe_permute_fwd(xp, ln2, perm_src);
     routed_fwd(P, a, offsets_host, xp, yp);
@@ -285,12 +290,19 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
   for (int64_t t0 = 0; t0 < T; t0 += C) {
     const int64_t n = std::min(C, T - t0);
     Tensor yp = chunk_experts_fwd(P, a, T, t0, n);
+    if (count) count_routed(l, host_arena_.tensor(a.c_offsets_host));
     ops_.moe_unpermute_fwd(x_out.rows(t0, t0 + n), yp, act(a.c_slot_of, n * K), topk_w.rows(t0, t0 + n),
                            /*accumulate=*/true);
     if (d_.shared_ffn)
       ffn_fwd(P.shared_gate_up, P.shared_down, a.shared_gu, a.shared_h, ln2.rows(t0, t0 + n),
               x_out.rows(t0, t0 + n), n);
   }
+}
+
+void Transformer::count_routed(int l, const Tensor& offsets_host) {
+  const int32_t* off = offsets_host.ptr<int32_t>();
+  int64_t* c = routed_counts_.data() + (l - d_.first_dense) * d_.experts;
+  for (int64_t e = 0; e < d_.experts; ++e) c[e] += off[e + 1] - off[e];
 }
 
 void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln, float aux_scale) {
@@ -428,7 +440,7 @@ void Transformer::layer_fwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
   const bool block = !(recompute && opt_.plan.chunked(T));
   if (block) ops_.copy(x_out, x_mid);
   if (d_.is_moe(l))
-    moe_fwd(l, a, T, x_out, losses, aux_scale, block);
+    moe_fwd(l, a, T, x_out, losses, aux_scale, block, training_ && !recompute);
   else if (block)
     ffn_fwd(P.ffn_gate_up, P.ffn_down, a.ffn_gu, a.ffn_h, ln2, x_out, T);
 }

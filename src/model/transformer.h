@@ -100,6 +100,14 @@ class Transformer {
   // After forward(): logits of token `row` (acc dtype [V]) from the final hidden state.
   void logits(Tensor out, int row);
 
+  // The rows this rank's tokens routed to each global expert of each MoE layer, [moe layer][E]
+  // (row-major), and the tokens they came from (per layer), summed over the training passes since
+  // construction: a pass's forward counts once — neither a recomputing layer's forward nor a pass
+  // without training (evaluation, score, generate) counts. From the group sizes the forward
+  // brings to the host anyway (the router's offsets), so counting costs E additions per MoE layer.
+  const std::vector<int64_t>& routed_counts() const { return routed_counts_; }
+  int64_t routed_tokens() const { return routed_tokens_; }
+
  private:
   using Acts = ActSlots;
   using Shared = SharedSlots;
@@ -110,8 +118,10 @@ class Transformer {
   void layer_fwd(int l, const Acts& a, const Batch& b, Tensor x_in, Tensor x_out, Tensor losses,
                  float aux_scale, bool recompute);
   void layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, Tensor dx, float aux_scale);
+  // count: add the layer's routed rows to routed_counts_ (a training pass's own forward).
   void moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor losses, float aux_scale,
-               bool experts);
+               bool experts, bool count);
+  void count_routed(int l, const Tensor& offsets_host);  // host I32 [E+1] group offsets
   void routed_fwd(const LayerParams& P, const Acts& a, const Tensor& offsets_host, Tensor xp, Tensor yp);
   // write: the experts' weight gradients are written (forward_backward's write_experts).
   void routed_bwd(const LayerParams& P, const Acts& a, const Tensor& offsets_host, const Tensor& xp,
@@ -157,6 +167,8 @@ class Transformer {
   std::unique_ptr<SavedActivations> saved_;  // with recompute
   bool training_ = false;                    // the pass running is followed by a backward
   bool write_experts_ = false;               // the pass's write_experts, for moe_bwd
+  std::vector<int64_t> routed_counts_;       // [moe layer][E], see routed_counts()
+  int64_t routed_tokens_ = 0;
 };
 
 }  // namespace mop
