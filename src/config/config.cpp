@@ -370,6 +370,9 @@ void validate(const Config& c) {
                  e.num_experts, ")");
   MOP_USER_CHECK(e.first_dense_layers <= m.num_layers, "moe.first_dense_layers: ",
                  e.first_dense_layers, " exceeds model.num_layers (", m.num_layers, ")");
+  MOP_USER_CHECK(c.log.router_histogram.empty() || e.first_dense_layers < m.num_layers,
+                 "log.router_histogram: the model has no MoE layers (moe.first_dense_layers = "
+                 "model.num_layers = ", m.num_layers, ")");
   for (auto [key, n] : {std::pair<const char*, int64_t>{"train.offload_layers", c.train.offload_layers},
                         {"train.keep_attention", c.train.keep_attention}})
     MOP_USER_CHECK(n <= m.num_layers, key, ": ", n, " exceeds model.num_layers (", m.num_layers, ")");

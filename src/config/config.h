@@ -155,6 +155,7 @@ struct LogConfig {
   int64_t interval = 10;
   std::string metrics_file;  // empty: <checkpoint.dir>/metrics.jsonl
   std::string tensorboard_dir;  // empty: no TensorBoard event file
+  std::string router_histogram;  // rows per expert and MoE layer over the run (JSON); empty: none
   std::string level = "info";
   bool all_ranks = false;
 };

@@ -165,6 +165,14 @@ std::vector<FieldSpec> config_schema(Config& c) {
       "Folder for a TensorBoard event file (events.out.tfevents.*) with the metrics file's "
       "scalars every step, written by rank 0; a relative path is taken from the working "
       "directory; empty: none.");
+  s.s("log.router_histogram", g.router_histogram, {},
+      "JSON file of the rows the routers sent to each expert of each MoE layer, summed over the "
+      "training steps this process ran (training forward passes only: no recomputation, no "
+      "evaluation) and over all ranks: {\"format\": \"mop-router-histogram\", \"version\": 1, "
+      "\"experts\", \"top_k\", \"tokens\" (per layer), \"layers\": [[a count per expert], one "
+      "per MoE layer]}; a routing model (parallel/routing_model.h, for emulation) reads it back as "
+      "each layer's expert shares. Rank 0 replaces it atomically at every checkpoint and at the end "
+      "of the run; a relative path is taken from the working directory; empty: none.");
   s.s("log.level", g.level, {"trace", "debug", "info", "warn", "error"}, "Log level.");
   s.b("log.all_ranks", g.all_ranks, "Log from every rank, not only rank 0.");
   return std::move(s.fields);

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "ops/timed_ops.h"
 #include "optim/schedule.h"
+#include "parallel/routing_model.h"
 #include "parallel/sequence_parallel.h"
 #include "parallel/timed_comm.h"
 #include "plan/search.h"
@@ -251,6 +252,16 @@ void Trainer::build() {
   spdlog::info("plan: predicted step {:.0f} ms ({:.0f} tokens/s, MFU {:.1f}%) on {}: {}{}", 1e3 * t.step,
                t.tokens_per_second(plan_), 100 * t.mfu(plan_), plan_.machine.name,
                predicted_split(t.seconds), t.host_exposed > 0 ? fmt::format(" | host wait {:.0f} ms", 1e3 * t.host_exposed) : "");
+  if (!cfg_.log.router_histogram.empty() && world_.is_root()) {
+    // A path that cannot be written fails now, not after the run.
+    const std::filesystem::path hist = cfg_.log.router_histogram;
+    std::error_code ec;
+    MOP_USER_CHECK(!std::filesystem::is_directory(hist, ec), "log.router_histogram: ",
+                   hist.string(), " is a directory");
+    if (hist.has_parent_path()) std::filesystem::create_directories(hist.parent_path(), ec);
+    MOP_USER_CHECK(!ec, "log.router_histogram: cannot create ", hist.parent_path().string(), ": ",
+                   ec.message());
+  }
   std::string metrics_path = cfg_.log.metrics_file.empty()
                                  ? cfg_.checkpoint.dir + "/metrics.jsonl"
                                  : cfg_.log.metrics_file;
@@ -518,12 +529,31 @@ void Trainer::save_checkpoint() {
                                          tokenizer_ ? &*tokenizer_ : nullptr);
   last_saved_step_ = step_;
   spdlog::info("saved checkpoint {}", dir);
+  save_router_histogram();
   // At the end of a stage the checkpoint becomes the next stage's model.
   if (growth_.is_boundary(step_)) {
     if (world_.is_root())
       grow_checkpoint(dir, growth_options(cfg_, growth_, stage_ + 1));
     world_.comm->barrier();
   }
+}
+
+// The model counts the rows of this rank's tokens for every global expert, and each token is one
+// rank's (dp × cp ranks hold distinct tokens; ep shards experts, not tokens): the world's sum is
+// the run's. Sums of doubles are exact below 2^53 rows. Nothing is written before a step has run.
+void Trainer::save_router_histogram() {
+  if (cfg_.log.router_histogram.empty() || histogram_step_ == step_) return;
+  histogram_step_ = step_;
+  const std::vector<int64_t>& local = model_->routed_counts();
+  std::vector<double> sums(local.begin(), local.end());
+  sums.push_back(double(model_->routed_tokens()));
+  groups_->world_host->all_reduce_host(sums.data(), int(sums.size()), Comm::Op::Sum);
+  RouterHistogram h;
+  h.experts = layout_.dims.experts, h.top_k = layout_.dims.top_k;
+  h.tokens = int64_t(sums.back());
+  if (h.tokens == 0 || !world_.is_root()) return;
+  for (size_t i = 0; i + 1 < sums.size(); ++i) h.counts.push_back(int64_t(sums[i]));
+  write_router_histogram(cfg_.log.router_histogram, h);
 }
 
 bool Trainer::stop_requested() {
@@ -596,6 +626,7 @@ void Trainer::run() {
   if (step_ == cfg_.train.steps && cfg_.checkpoint.save_final && last_saved_step_ != step_)
     save_checkpoint();
   schedule_->drain();  // the weights and the state are final for whoever reads them next
+  save_router_histogram();
   if (on_started_) std::exchange(on_started_, nullptr)();  // a run that saved no checkpoint
 }
 

@@ -96,6 +96,8 @@ class Trainer {
   void train_step(StepMetrics& sm);
   double evaluate();
   void save_checkpoint();
+  // log.router_histogram: every rank's routed rows summed, written by rank 0 (a collective).
+  void save_router_histogram();
   TrainerState drained_state();  // after the host pipeline drained: what a checkpoint records
   bool stop_requested();
   void check_plan_memory();
@@ -131,6 +133,7 @@ class Trainer {
   std::unique_ptr<SequenceSlicer> slicer_;          // this cp rank's tokens of the sequences read
   int64_t step_valid_tokens_ = 0;                   // unmasked targets of the step, all ranks
   int64_t last_saved_step_ = -1;
+  int64_t histogram_step_ = -1;  // the step the router histogram was last written at
   Buffer batch_dev_;  // one micro-batch's ids, targets, positions on the GPU
   size_t device_used_at_start_ = 0;
   std::function<void()> on_started_;
