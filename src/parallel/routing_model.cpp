@@ -19,12 +19,14 @@ namespace {
 
 constexpr const char* kHistogramFormat = "mop-router-histogram";
 constexpr int64_t kHistogramVersion = 1;
-// A histogram of 1024 experts × 128 MoE layers with 12-digit counts is about 2 MB of text; the
-// JSON reader's tree takes tens of times the text, so the cap stays well below kConfigFileCap.
+// A histogram of 1024 experts × 128 MoE layers with 12-digit counts is about 2 MB of text. The
+// JSON reader holds a yaml-cpp tree and a Json tree of it at once, each larger than the text, so
+// the cap stays well below kConfigFileCap.
 constexpr uint64_t kHistogramFileCap = 16 * kMiB;
 // The trainer sums counts as doubles (Comm::all_reduce_host): exact up to 2^53 rows per layer.
 constexpr int64_t kMaxHistogramRows = int64_t(1) << 53;
 constexpr int64_t kMaxExperts = int64_t(1) << 20;
+constexpr size_t kMaxMoeLayers = 4096;  // model.num_layers' range
 
 // Experts [r·E/ep, (r+1)·E/ep) of rank r: their rows from one source, summed over the layers.
 std::vector<int64_t> rank_rows(const RoutingModel& m, int ep, int64_t tokens) {
@@ -98,6 +100,8 @@ RouterHistogram read_router_histogram(const std::filesystem::path& path, int64_t
   const int64_t rows = h.tokens * top_k;
   const Json::Array& layers = j.at("layers", name).as_array(key("layers"));
   MOP_USER_CHECK(!layers.empty(), key("layers"), ": empty, expected one array per MoE layer");
+  MOP_USER_CHECK(layers.size() <= kMaxMoeLayers, key("layers"), ": ", layers.size(),
+                 " MoE layers, more than a model has (model.num_layers ≤ ", kMaxMoeLayers, ")");
   // Every layer's length is checked before the counts are allocated (layers × experts).
   for (size_t l = 0; l < layers.size(); ++l) {
     const std::string where = key("layers[" + std::to_string(l) + "]");
@@ -117,8 +121,9 @@ RouterHistogram read_router_histogram(const std::filesystem::path& path, int64_t
       MOP_USER_CHECK(c <= h.tokens, at, ": ", c, " exceeds tokens (", h.tokens,
                      "): a token picks an expert at most once");
       sum += c;  // ≤ rows + 2^53 (checked below at every step): no overflow
-      MOP_USER_CHECK(sum <= rows, where, ": the counts add up to more than tokens × top_k = ",
-                     h.tokens, " × ", top_k, " = ", rows);
+      MOP_USER_CHECK(sum <= rows, where,
+                     ": the counts add up to more than tokens × top_k = ", h.tokens, " × ", top_k,
+                     " = ", rows);
       h.counts.push_back(c);
     }
     MOP_USER_CHECK(sum > 0, where, ": every count is 0 (no rows routed in this layer)");
@@ -135,7 +140,7 @@ RoutingModel RoutingModel::parse(const std::string& spec, int64_t experts, int64
   m.spec_ = spec, m.experts_ = experts, m.top_k_ = top_k;
   const size_t E = size_t(experts);
   if (spec == "balanced") {
-    m.kind_ = "balanced";
+    m.kind_ = Kind::Balanced;
     m.shares_.assign(E, 1.0 / double(experts));
     return m;
   }
@@ -143,10 +148,11 @@ RoutingModel RoutingModel::parse(const std::string& spec, int64_t experts, int64
     const std::string s = spec.substr(5);
     double v = 0;
     const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    MOP_USER_CHECK(!s.empty() && ec == std::errc() && end == s.data() + s.size() &&
-                       std::isfinite(v) && v >= 0,
-                   "routing model ", spec, ": S: '", s, "' is not a finite number ≥ 0 (zipf:S, e.g. zipf:1.2)");
-    m.kind_ = "zipf", m.zipf_s_ = v;
+    MOP_USER_CHECK(
+        !s.empty() && ec == std::errc() && end == s.data() + s.size() && std::isfinite(v) && v >= 0,
+        "routing model ", spec, ": S: '", s,
+        "' is not a finite number ≥ 0 (zipf:S, e.g. zipf:1.2)");
+    m.kind_ = Kind::Zipf;
     // (e+1)^-S; with a large S the tail underflows to 0 and counts() spreads what expert 0
     // cannot take evenly over the rest.
     m.shares_.resize(E);
@@ -156,10 +162,11 @@ RoutingModel RoutingModel::parse(const std::string& spec, int64_t experts, int64
     return m;
   }
   std::error_code ec;
-  MOP_USER_CHECK(!spec.empty() && std::filesystem::exists(spec, ec), "routing model '", spec,
-                 "': expected balanced, zipf:S or the path of a router histogram file (no such file)");
+  MOP_USER_CHECK(
+      !spec.empty() && std::filesystem::exists(spec, ec), "routing model '", spec,
+      "': expected balanced, zipf:S or the path of a router histogram file (no such file)");
   const RouterHistogram h = read_router_histogram(spec, experts, top_k);
-  m.kind_ = "histogram", m.layers_ = int(h.layers()), m.hist_tokens_ = h.tokens;
+  m.kind_ = Kind::Histogram, m.layers_ = int(h.layers()), m.hist_tokens_ = h.tokens;
   m.shares_.resize(h.counts.size());
   const double rows = double(h.tokens * top_k);  // each layer's sum, exact (≤ 2^53)
   for (size_t i = 0; i < h.counts.size(); ++i) m.shares_[i] = double(h.counts[i]) / rows;
@@ -170,7 +177,8 @@ const double* RoutingModel::shares_of(int moe_layer) const {
   MOP_CHECK(moe_layer >= 0, "MoE layer ", moe_layer);
   if (layers_ == 0) return shares_.data();
   MOP_USER_CHECK(moe_layer < layers_, "router histogram ", spec_, ": has ", layers_,
-                 " MoE layers, MoE layer ", moe_layer, " asked (the model has more MoE layers "
+                 " MoE layers, MoE layer ", moe_layer,
+                 " asked (the model has more MoE layers "
                  "than the run that wrote the histogram)");
   return shares_.data() + size_t(moe_layer) * size_t(experts_);
 }
@@ -223,7 +231,8 @@ void RoutingModel::counts(int moe_layer, int64_t tokens, int32_t* out) const {
   }
   std::vector<size_t> order(E);
   std::iota(order.begin(), order.end(), size_t(0));
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return frac[a] > frac[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return frac[a] > frac[b]; });
   while (left > 0)
     for (size_t i = 0; i < E && left > 0; ++i)
       if (n[order[i]] < tokens) ++n[order[i]], --left;
@@ -235,12 +244,18 @@ void RoutingModel::counts(int moe_layer, int64_t tokens, int32_t* out) const {
 
 std::string RoutingModel::describe() const {
   const size_t E = size_t(experts_);
-  if (kind_ == "balanced")
-    return "balanced over " + std::to_string(E) + " experts: each takes " + percent(1.0 / double(E)) +
-           " of the rows";
-  if (kind_ == "zipf")
-    return spec_ + " over " + std::to_string(E) + " experts: expert 0 takes " + percent(shares_[0]) +
-           " of the rows, expert " + std::to_string(E - 1) + " " + percent(shares_[E - 1]);
+  if (kind_ == Kind::Balanced)
+    return "balanced over " + std::to_string(E) + " experts: each takes " +
+           percent(1.0 / double(E)) + " of the rows";
+  if (kind_ == Kind::Zipf) {
+    const bool capped = shares_[0] * double(top_k_) > 1;
+    return spec_ + " over " + std::to_string(E) + " experts: expert 0's share " +
+           percent(shares_[0]) + " of the rows, expert " + std::to_string(E - 1) + "'s " +
+           percent(shares_[E - 1]) +
+           (capped ? " (capped at 1/top_k = " + percent(1.0 / double(top_k_)) +
+                         ": a token picks an expert once)"
+                   : "");
+  }
   size_t busiest = 0;
   for (size_t i = 1; i < shares_.size(); ++i)
     if (shares_[i] > shares_[busiest]) busiest = i;

@@ -49,7 +49,8 @@ class RoutingModel {
   // uncapped experts in proportion to their shares (water-filling); the real-valued targets are
   // then rounded by largest remainder (ties: the lower expert). Deterministic. A histogram asked
   // for a layer it does not have (moe_layer ≥ layers()) throws a UserError naming the file and
-  // both counts; callers check layers() up front. 0 ≤ tokens ≤ 2^31 − 1 (out is int32).
+  // both counts; callers check layers() up front. 0 ≤ tokens ≤ 2^31 − 1 (out is int32). Every
+  // source rank with the same tokens gets the same counts: compute them once per layer.
   void counts(int moe_layer, int64_t tokens, int32_t* out) const;
   // Expert e's share of the layer's rows before capping (Σ_e share = 1).
   double share(int moe_layer, int64_t e) const;
@@ -57,9 +58,9 @@ class RoutingModel {
   int layers() const { return layers_; }
   int64_t experts() const { return experts_; }
   int64_t top_k() const { return top_k_; }
-  // One line for the log: "zipf:1.2 over 64 experts: expert 0 takes 21.3% of the rows, expert 63
-  // 0.14%", "router histogram h.json: 24 MoE layers, 1048576 tokens; the busiest expert takes
-  // 9.8% of its layer's rows (layer 3, expert 17)".
+  // One line for the log: "zipf:1.2 over 64 experts: expert 0's share 21.3% of the rows, expert
+  // 63's 0.14%", "router histogram h.json: 24 MoE layers, 1048576 tokens; the busiest expert
+  // takes 9.8% of its layer's rows (layer 3, expert 17)".
   std::string describe() const;
 
   // Expert-parallel load over ep ranks (rank r owns experts [r·E/ep, (r+1)·E/ep); ep divides E).
@@ -75,9 +76,9 @@ class RoutingModel {
   RoutingModel() = default;
   const double* shares_of(int moe_layer) const;  // [E] of the layer (a UserError past layers())
 
+  enum class Kind { Balanced, Zipf, Histogram };
+  Kind kind_ = Kind::Balanced;
   std::string spec_;
-  std::string kind_;  // "balanced", "zipf", "histogram"
-  double zipf_s_ = 0;
   int64_t experts_ = 0, top_k_ = 0, hist_tokens_ = 0;
   int layers_ = 0;
   std::vector<double> shares_;  // [max(layers, 1)][E], each row adds up to 1

@@ -55,8 +55,12 @@ void write_text(const fs::path& p, const std::string& text) {
 // A valid 2-expert, top-1 histogram's text with one member replaced ("" keeps it valid).
 std::string histogram_text(const std::string& key = "", const std::string& value = "") {
   std::vector<std::pair<std::string, std::string>> members = {
-      {"format", "\"mop-router-histogram\""}, {"version", "1"},   {"experts", "8"},
-      {"top_k", "2"}, {"tokens", "4"}, {"layers", "[[1, 1, 1, 1, 1, 1, 1, 1], [4, 4, 0, 0, 0, 0, 0, 0]]"}};
+      {"format", "\"mop-router-histogram\""},
+      {"version", "1"},
+      {"experts", "8"},
+      {"top_k", "2"},
+      {"tokens", "4"},
+      {"layers", "[[1, 1, 1, 1, 1, 1, 1, 1], [4, 4, 0, 0, 0, 0, 0, 0]]"}};
   std::string out = "{";
   for (const auto& [k, v] : members) {
     if (k == key && value.empty()) continue;  // removed
@@ -64,6 +68,13 @@ std::string histogram_text(const std::string& key = "", const std::string& value
     out += "\"" + k + "\": " + (k == key ? value : v);
   }
   return out + "}";
+}
+
+// n layers of 8 experts, each a valid [1, …, 1] (tokens 4, top_k 2).
+std::string many_layers(int n) {
+  std::string out = "[";
+  for (int l = 0; l < n; ++l) out += l ? ", [1, 1, 1, 1, 1, 1, 1, 1]" : "[1, 1, 1, 1, 1, 1, 1, 1]";
+  return out + "]";
 }
 
 }  // namespace
@@ -79,8 +90,8 @@ TEST_CASE("routing model: counts add up to tokens × top_k, none over tokens", "
            {"balanced", "zipf:0.5", "zipf:1.2", "zipf:3", "zipf:60", "zipf:1e300", hist.c_str()}) {
         const RoutingModel m = RoutingModel::parse(spec, E, k);
         for (int layer : {0, 2})
-          for (int64_t tokens : {int64_t(0), int64_t(1), int64_t(3), E - 1, E + 1, int64_t(1000),
-                                 int64_t(65537)}) {
+          for (int64_t tokens :
+               {int64_t(0), int64_t(1), int64_t(3), E - 1, E + 1, int64_t(1000), int64_t(65537)}) {
             INFO(spec << " E=" << E << " k=" << k << " layer " << layer << " tokens " << tokens);
             const std::vector<int32_t> c = counts_of(m, layer, tokens);
             int64_t sum = 0;
@@ -98,7 +109,8 @@ TEST_CASE("routing model: zipf:0 is balanced; zipf follows 1/(e+1)^S", "[cpu][ro
   for (int64_t E : {1, 5, 8, 64})
     for (int64_t k : {int64_t(1), int64_t(2), E}) {
       if (k > E) continue;
-      const RoutingModel b = RoutingModel::parse("balanced", E, k), z = RoutingModel::parse("zipf:0", E, k);
+      const RoutingModel b = RoutingModel::parse("balanced", E, k),
+                         z = RoutingModel::parse("zipf:0", E, k);
       for (int64_t tokens : {0, 1, 3, 7, 100, 12345}) {
         INFO("E=" << E << " k=" << k << " tokens " << tokens);
         CHECK(counts_of(z, 0, tokens) == counts_of(b, 0, tokens));
@@ -116,7 +128,8 @@ TEST_CASE("routing model: zipf:0 is balanced; zipf follows 1/(e+1)^S", "[cpu][ro
     CHECK(m.share(0, 0) / m.share(0, 3) == Approx(std::pow(4.0, S)).epsilon(1e-12));
     // Uncapped (top_k 1): each count within one row of tokens · share.
     const std::vector<int32_t> c = counts_of(m, 0, tokens);
-    for (int64_t e = 0; e < E; ++e) CHECK(std::abs(c[size_t(e)] - double(tokens) * m.share(0, e)) < 1);
+    for (int64_t e = 0; e < E; ++e)
+      CHECK(std::abs(c[size_t(e)] - double(tokens) * m.share(0, e)) < 1);
     for (int64_t e = 1; e < E; ++e) CHECK(c[size_t(e)] <= c[size_t(e - 1)]);  // expert 0 heaviest
   }
   // Capped: zipf:3 over 4 experts gives expert 0 85% of the rows, but with top_k 2 a token sends
@@ -166,12 +179,17 @@ TEST_CASE("routing model: a router histogram reads back the counts it was writte
   // The layers differ (so each layer's own shares are used).
   CHECK(counts_of(m, 0, tokens) != counts_of(m, 1, tokens));
   // A layer the histogram does not have: a UserError naming the file and both counts.
-  CHECK_USER_ERROR(counts_of(m, L, 10), "router histogram " + path + ": has 4 MoE layers, MoE layer 4 asked");
+  CHECK_USER_ERROR(counts_of(m, L, 10),
+                   "router histogram " + path + ": has 4 MoE layers, MoE layer 4 asked");
   CHECK_USER_ERROR(m.share(L + 3, 0), "has 4 MoE layers, MoE layer 7 asked");
   CHECK(m.describe().find("router histogram " + path + ": 4 MoE layers, 777 tokens") == 0);
-  CHECK(RoutingModel::parse("balanced", 8, 2).describe() == "balanced over 8 experts: each takes 12.5% of the rows");
+  CHECK(RoutingModel::parse("balanced", 8, 2).describe() ==
+        "balanced over 8 experts: each takes 12.5% of the rows");
   CHECK(RoutingModel::parse("zipf:1", 4, 1).describe() ==
-        "zipf:1 over 4 experts: expert 0 takes 48.0% of the rows, expert 3 12.0%");
+        "zipf:1 over 4 experts: expert 0's share 48.0% of the rows, expert 3's 12.0%");
+  CHECK(RoutingModel::parse("zipf:1", 4, 3).describe() ==
+        "zipf:1 over 4 experts: expert 0's share 48.0% of the rows, expert 3's 12.0% (capped at "
+        "1/top_k = 33.3%: a token picks an expert once)");
 }
 
 TEST_CASE("routing model: the most loaded expert-parallel rank and its load", "[cpu][routing]") {
@@ -198,7 +216,7 @@ TEST_CASE("routing model: the most loaded expert-parallel rank and its load", "[
   RouterHistogram h;
   h.experts = 16, h.top_k = 1, h.tokens = 160;
   h.counts.assign(32, 10);
-  h.counts[9] = 40, h.counts[0] = h.counts[1] = h.counts[2] = 0;     // layer 0: ranks 10 40 70 40
+  h.counts[9] = 40, h.counts[0] = h.counts[1] = h.counts[2] = 0;  // layer 0: ranks 10 40 70 40
   h.counts[16 + 3] = 25, h.counts[16 + 15] = 0, h.counts[16 + 14] = 5;  // layer 1: 55 40 40 25
   write_router_histogram(dir / "h.json", h);
   const RoutingModel m = RoutingModel::parse(dir / "h.json", 16, 1);
@@ -208,12 +226,14 @@ TEST_CASE("routing model: the most loaded expert-parallel rank and its load", "[
 
 TEST_CASE("routing model: a bad spec is a UserError naming it", "[cpu][routing]") {
   CHECK_USER_ERROR(RoutingModel::parse("", 8, 2), "routing model '': expected balanced, zipf:S");
-  CHECK_USER_ERROR(RoutingModel::parse("zipf:", 8, 2), "routing model zipf:: S: '' is not a finite number ≥ 0");
+  CHECK_USER_ERROR(RoutingModel::parse("zipf:", 8, 2),
+                   "routing model zipf:: S: '' is not a finite number ≥ 0");
   CHECK_USER_ERROR(RoutingModel::parse("zipf:-1", 8, 2), "routing model zipf:-1: S: '-1'");
   CHECK_USER_ERROR(RoutingModel::parse("zipf:1.2x", 8, 2), "S: '1.2x'");
   CHECK_USER_ERROR(RoutingModel::parse("zipf:inf", 8, 2), "S: 'inf'");
   CHECK_USER_ERROR(RoutingModel::parse("zipf:nan", 8, 2), "S: 'nan'");
-  CHECK_USER_ERROR(RoutingModel::parse("zipf", 8, 2), "routing model 'zipf': expected balanced, zipf:S or the path");
+  CHECK_USER_ERROR(RoutingModel::parse("zipf", 8, 2),
+                   "routing model 'zipf': expected balanced, zipf:S or the path");
   CHECK_USER_ERROR(RoutingModel::parse("Balanced", 8, 2), "(no such file)");
 }
 
@@ -235,29 +255,44 @@ TEST_CASE("routing model: hostile histogram files are UserErrors naming file, ke
   const std::vector<Case> cases = {
       {"not json", name + ": invalid JSON"},
       {"[1, 2]", name + ": expected a JSON object, got an array"},
-      {histogram_text("format", "\"mop-histogram\""), name + ": format: \"mop-histogram\", expected \"mop-router-histogram\""},
+      {histogram_text("format", "\"mop-histogram\""),
+       name + ": format: \"mop-histogram\", expected \"mop-router-histogram\""},
       {histogram_text("format", "7"), name + ": format: expected a string"},
       {histogram_text("format"), name + ": missing field 'format'"},
       {histogram_text("version", "2"), name + ": version: 2, expected 1"},
-      {histogram_text("experts", "16"), name + ": experts: 16, but the model has 8 (moe.num_experts)"},
+      {histogram_text("experts", "16"),
+       name + ": experts: 16, but the model has 8 (moe.num_experts)"},
       // A claimed 10^12 experts is refused by the number, before anything is sized by it.
-      {histogram_text("experts", "1000000000000"), name + ": experts: 1000000000000, but the model has 8"},
+      {histogram_text("experts", "1000000000000"),
+       name + ": experts: 1000000000000, but the model has 8"},
       {histogram_text("experts", "1e12"), name + ": experts: expected an integer"},
       {histogram_text("top_k", "1"), name + ": top_k: 1, but the model has 2 (moe.top_k)"},
       {histogram_text("tokens", "0"), name + ": tokens: 0, expected 1 to"},
       {histogram_text("tokens", "-4"), name + ": tokens: -4, expected 1 to"},
-      {histogram_text("tokens", "9000000000000000000"), name + ": tokens: 9000000000000000000, expected 1 to"},
-      {histogram_text("tokens", "18446744073709551615"), name + ": tokens: integer 18446744073709551615 out of range"},
+      {histogram_text("tokens", "9000000000000000000"),
+       name + ": tokens: 9000000000000000000, expected 1 to"},
+      {histogram_text("tokens", "18446744073709551615"),
+       name + ": tokens: integer 18446744073709551615 out of range"},
       {histogram_text("layers", "[]"), name + ": layers: empty"},
+      {histogram_text("layers", many_layers(4097)),
+       name + ": layers: 4097 MoE layers, more than a model has"},
       {histogram_text("layers", "{}"), name + ": layers: expected an array"},
-      {histogram_text("layers", "[[1, 1, 1, 1, 1, 1, 1, 1], [1, 2, 3]]"), name + ": layers[1]: 3 counts, expected 8 (experts)"},
-      {histogram_text("layers", "[[1, 1, 1, 1, 1, 1, 1, -1]]"), name + ": layers[0][7]: -1 is negative"},
-      {histogram_text("layers", "[[5, 1, 1, 1, 0, 0, 0, 0]]"), name + ": layers[0][0]: 5 exceeds tokens (4)"},
-      {histogram_text("layers", "[[1, 1, 1, 1, 1, 1, 1.5, 0.5]]"), name + ": layers[0][6]: expected an integer, got a number"},
-      {histogram_text("layers", "[[1, 1, 1, 1, 1, 1, \"1\", 1]]"), name + ": layers[0][6]: expected an integer, got a string"},
-      {histogram_text("layers", "[[1, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0]]"), name + ": layers[1]: every count is 0"},
-      {histogram_text("layers", "[[1, 1, 1, 1, 1, 1, 1, 0]]"), name + ": layers[0]: the counts add up to 7, expected tokens × top_k = 4 × 2 = 8"},
-      {histogram_text("layers", "[[4, 4, 4, 0, 0, 0, 0, 0]]"), name + ": layers[0]: the counts add up to more than tokens × top_k = 4 × 2 = 8"},
+      {histogram_text("layers", "[[1, 1, 1, 1, 1, 1, 1, 1], [1, 2, 3]]"),
+       name + ": layers[1]: 3 counts, expected 8 (experts)"},
+      {histogram_text("layers", "[[1, 1, 1, 1, 1, 1, 1, -1]]"),
+       name + ": layers[0][7]: -1 is negative"},
+      {histogram_text("layers", "[[5, 1, 1, 1, 0, 0, 0, 0]]"),
+       name + ": layers[0][0]: 5 exceeds tokens (4)"},
+      {histogram_text("layers", "[[1, 1, 1, 1, 1, 1, 1.5, 0.5]]"),
+       name + ": layers[0][6]: expected an integer, got a number"},
+      {histogram_text("layers", "[[1, 1, 1, 1, 1, 1, \"1\", 1]]"),
+       name + ": layers[0][6]: expected an integer, got a string"},
+      {histogram_text("layers", "[[1, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0]]"),
+       name + ": layers[1]: every count is 0"},
+      {histogram_text("layers", "[[1, 1, 1, 1, 1, 1, 1, 0]]"),
+       name + ": layers[0]: the counts add up to 7, expected tokens × top_k = 4 × 2 = 8"},
+      {histogram_text("layers", "[[4, 4, 4, 0, 0, 0, 0, 0]]"),
+       name + ": layers[0]: the counts add up to more than tokens × top_k = 4 × 2 = 8"},
   };
   for (const Case& c : cases) {
     INFO(c.text);
@@ -267,8 +302,9 @@ TEST_CASE("routing model: hostile histogram files are UserErrors naming file, ke
   }
 
   // Not a regular file: refused by stat, before any read (a FIFO would block an open).
-  CHECK_USER_ERROR(RoutingModel::parse(dir.path.string(), 8, 2),
-                   "router histogram " + dir.path.string() + ": is not a regular file (a directory)");
+  CHECK_USER_ERROR(
+      RoutingModel::parse(dir.path.string(), 8, 2),
+      "router histogram " + dir.path.string() + ": is not a regular file (a directory)");
   const fs::path fifo = dir.path / "fifo.json";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   CHECK_USER_ERROR(RoutingModel::parse(fifo.string(), 8, 2),
@@ -277,5 +313,6 @@ TEST_CASE("routing model: hostile histogram files are UserErrors naming file, ke
   const fs::path big = dir.path / "big.json";
   { std::ofstream(big, std::ios::binary); }
   fs::resize_file(big, 17 * kMiB);
-  CHECK_USER_ERROR(RoutingModel::parse(big.string(), 8, 2), "router histogram " + big.string() + ": 17 MiB");
+  CHECK_USER_ERROR(RoutingModel::parse(big.string(), 8, 2),
+                   "router histogram " + big.string() + ": 17 MiB");
 }

@@ -66,12 +66,14 @@ TEST_CASE("train: log.router_histogram counts every training token once per MoE 
 
   // Recompute (whole and in chunks of 16 tokens: the experts run again in backward) and
   // evaluation after every step change nothing: the same routing, counted once.
-  for (const std::string extra : {", recompute: true, moe_chunk: 0", ", recompute: true, moe_chunk: 16",
-                                  ", moe_chunk: 16, eval_interval: 1, eval_batches: 2"}) {
+  for (const std::string extra :
+       {", recompute: true, moe_chunk: 0", ", recompute: true, moe_chunk: 16",
+        ", moe_chunk: 16, eval_interval: 1, eval_batches: 2"}) {
     INFO("train: {..." << extra << "}");
     const std::string path = dir / "variant.json";
     std::filesystem::remove_all(dir / "variant");
-    const RouterHistogram v = train_and_read(config(corpus, dir / "variant", path, steps, extra), path);
+    const RouterHistogram v =
+        train_and_read(config(corpus, dir / "variant", path, steps, extra), path);
     CHECK(v.tokens == tokens);
     CHECK(v.counts == plain.counts);
   }
@@ -83,7 +85,8 @@ TEST_CASE("train: log.router_histogram counts every training token once per MoE 
     std::vector<int32_t> c(kExperts);
     m.counts(l, tokens, c.data());
     CHECK(std::vector<int64_t>(c.begin(), c.end()) ==
-          std::vector<int64_t>(plain.counts.begin() + l * kExperts, plain.counts.begin() + (l + 1) * kExperts));
+          std::vector<int64_t>(plain.counts.begin() + l * kExperts,
+                               plain.counts.begin() + (l + 1) * kExperts));
   }
 }
 
@@ -112,7 +115,7 @@ TEST_CASE("train: the router histogram of 2 in-process ranks sums every rank's t
   }
 }
 
-TEST_CASE("train: the router histogram is written at checkpoints; a resumed run counts its own steps",
+TEST_CASE("train: the router histogram is written at checkpoints; a resume counts its own steps",
           "[cpu][train][routing]") {
   test::TempDir dir;
   const std::string corpus = test::prepare_corpus(dir, 20000);
