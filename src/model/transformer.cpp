@@ -170,14 +170,14 @@ void Transformer::experts_bwd(const LayerParams& P, const Acts& a, const ExpertD
 
 // The routed experts on `rows` permuted rows xp → yp (their group sizes on the host): this rank's
 // experts, on rows from every rank of the ep group (ep = 1: all of them, locally).
-void Transformer::routed_fwd(const LayerParams& P, const Acts& a, const Tensor& offsets_host,
+void Transformer::routed_fwd(int l, const LayerParams& P, const Acts& a, const Tensor& offsets_host,
                              Tensor xp, Tensor yp) {
   if (ep_ > 1) {
     ExpertDispatcher& disp = *dispatch_[size_t(&a - acts_.data())];
     std::vector<int32_t> per_expert(size_t(d_.experts));
     const int32_t* off = offsets_host.ptr<int32_t>();
     for (int64_t e = 0; e < d_.experts; ++e) per_expert[size_t(e)] = off[e + 1] - off[e];
-    disp.plan(per_expert.data());
+    disp.plan(per_expert.data(), int(l - d_.first_dense));
     const int64_t rows = disp.rows_held();
     Tensor xpl = act(a.xp_local, rows), ypl = act(a.yp_local, rows);
     disp.run(xp, yp, xpl, ypl, arena_.tensor(s_.dispatch_scratch),
@@ -229,7 +229,7 @@ void Transformer::routed_bwd(const LayerParams& P, const Acts& a, const Tensor& 
 
 // Tokens [t0, t0 + n) of a chunked MoE block: their route plan (group sizes to the host), their
 // rows permuted into xp, and the experts' output in yp (returned).
-Tensor Transformer::chunk_experts_fwd(const LayerParams& P, const Acts& a, int64_t T, int64_t t0,
+Tensor Transformer::chunk_experts_fwd(int l, const LayerParams& P, const Acts& a, int64_t T, int64_t t0,
                                       int64_t n) {
   const int64_t nK = n * d_.top_k;
   Tensor offsets = arena_.tensor(a.c_offsets), offsets_host = host_arena_.tensor(a.c_offsets_host);
@@ -238,7 +238,7 @@ Tensor Transformer::chunk_experts_fwd(const LayerParams& P, const Acts& a, int64
   ops_.copy(offsets_host, offsets);
   Tensor xp = act(a.xp, nK), yp = act(a.yp, nK);
   ops_.moe_permute_fwd(xp, act(a.ln2, T).rows(t0, t0 + n), act(a.c_perm_src, nK));
-  routed_fwd(P, a, offsets_host, xp, yp);
+  routed_fwd(l, P, a, offsets_host, xp, yp);
   return yp;
 }
 
@@ -281,7 +281,7 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
     if (count) count_routed(l, offsets_host);
     Tensor xp = act(a.xp, TK), yp = act(a.yp, TK);
     ops_.moe_permute_fwd(xp, ln2, perm_src);
-    routed_fwd(P, a, offsets_host, xp, yp);
+    routed_fwd(l, P, a, offsets_host, xp, yp);
     ops_.moe_unpermute_fwd(x_out, yp, slot_of, topk_w, /*accumulate=*/true);
     if (d_.shared_ffn) ffn_fwd(P.shared_gate_up, P.shared_down, a.shared_gu, a.shared_h, ln2, x_out, T);
     return;
@@ -289,7 +289,7 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
   const int64_t C = opt_.plan.chunk_tokens(T);
   for (int64_t t0 = 0; t0 < T; t0 += C) {
     const int64_t n = std::min(C, T - t0);
-    Tensor yp = chunk_experts_fwd(P, a, T, t0, n);
+    Tensor yp = chunk_experts_fwd(l, P, a, T, t0, n);
     if (count) count_routed(l, host_arena_.tensor(a.c_offsets_host));
     ops_.moe_unpermute_fwd(x_out.rows(t0, t0 + n), yp, act(a.c_slot_of, n * K), topk_w.rows(t0, t0 + n),
                            /*accumulate=*/true);
@@ -320,7 +320,7 @@ void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln
     const int64_t C = opt_.plan.chunk_tokens(T);
     for (int64_t t0 = 0; t0 < T; t0 += C) {
       const int64_t n = std::min(C, T - t0), nK = n * K;
-      Tensor yp = chunk_experts_fwd(P, a, T, t0, n), slot_of = act(a.c_slot_of, nK);
+      Tensor yp = chunk_experts_fwd(l, P, a, T, t0, n), slot_of = act(a.c_slot_of, nK);
       Tensor dyp = act(s_.dyp, nK), dxp = act(s_.dxp, nK);
       ops_.moe_unpermute_bwd(dyp, dtopk_w.rows(t0, t0 + n), dx.rows(t0, t0 + n), yp, slot_of,
                              topk_w.rows(t0, t0 + n));

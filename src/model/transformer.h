@@ -122,11 +122,11 @@ class Transformer {
   void moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor losses, float aux_scale,
                bool experts, bool count);
   void count_routed(int l, const Tensor& offsets_host);  // host I32 [E+1] group offsets
-  void routed_fwd(const LayerParams& P, const Acts& a, const Tensor& offsets_host, Tensor xp, Tensor yp);
+  void routed_fwd(int l, const LayerParams& P, const Acts& a, const Tensor& offsets_host, Tensor xp, Tensor yp);
   // write: the experts' weight gradients are written (forward_backward's write_experts).
   void routed_bwd(const LayerParams& P, const Acts& a, const Tensor& offsets_host, const Tensor& xp,
                   const Tensor& dyp, Tensor dxp, bool write);
-  Tensor chunk_experts_fwd(const LayerParams& P, const Acts& a, int64_t T, int64_t t0, int64_t n);
+  Tensor chunk_experts_fwd(int l, const LayerParams& P, const Acts& a, int64_t T, int64_t t0, int64_t n);
   // A layer's attention output [T,Q] and lse [T·Nq]: its kept ones on the device, else the set's.
   Tensor attn_of(int l, const Acts& a, int64_t T) const;
   Tensor lse_of(int l, const Acts& a, int64_t T) const;

@@ -28,6 +28,14 @@ class Comm {
   virtual void all_gather(Tensor out, const Tensor& in) = 0;
   // out [n] = Σ over ranks of chunk `rank` of in [size·n].
   virtual void reduce_scatter_sum(Tensor out, const Tensor& in) = 0;
+  // The expert exchange's counts (ExpertDispatcher::plan): an all_gather of every rank's rows per
+  // expert, host I32 [size·E] from [E], for MoE layer `moe_layer` (its ordinal among the MoE
+  // layers). Real comms gather; a stand-in of an emulated job answers from a routing model
+  // (standin_comm.h).
+  virtual void all_gather_expert_counts(Tensor out, const Tensor& in, int moe_layer) {
+    (void)moe_layer;
+    all_gather(out, in);
+  }
   // Variable all-to-all over rows: send_counts[r] rows of `in` (consecutive, in rank order) go to
   // rank r; recv_counts[r] rows arrive from rank r into `out` in rank order. Rows have the same
   // width on every rank.

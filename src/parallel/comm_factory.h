@@ -28,9 +28,9 @@ class CommFactory {
 
   // Tensors on `device`: on the CPU a host comm; on a GPU an NCCL comm enqueued on `compute` (the
   // ops' stream), bootstrapped through a host comm of the group that it keeps.
-  std::unique_ptr<Comm> data(const MeshGroup& group, Device device, Stream compute);
+  virtual std::unique_ptr<Comm> data(const MeshGroup& group, Device device, Stream compute);
   // GPU only: an NCCL comm on `stream` that follows `compute` (nccl_comm.h's asynchronous comm).
-  std::unique_ptr<Comm> side(const MeshGroup& group, Stream stream, Stream compute);
+  virtual std::unique_ptr<Comm> side(const MeshGroup& group, Stream stream, Stream compute);
 
   // Lets a firing watchdog ask the other ranks what they were doing (where the carrier supports
   // it: MPI processes); called once, before the first watched collective.

@@ -41,12 +41,12 @@ ExpertDispatcher::Footprint ExpertDispatcher::footprint(int64_t, int, int64_t ma
   return {maps, maps};
 }
 
-void ExpertDispatcher::plan(const int32_t* counts) {
+void ExpertDispatcher::plan(const int32_t* counts, int moe_layer) {
   for (int64_t e = 0; e < experts_; ++e) global_offsets_[size_t(e + 1)] = global_offsets_[size_t(e)] + counts[e];
   rows_out_ = global_offsets_[size_t(experts_)];
   // Every rank's counts: each rank lays out every receiver's rows and rounds the same way.
-  host_.all_gather(Tensor(all_counts_.data(), DType::I32, {size_ * experts_}),
-                   Tensor(const_cast<int32_t*>(counts), DType::I32, {experts_}));
+  host_.all_gather_expert_counts(Tensor(all_counts_.data(), DType::I32, {size_ * experts_}),
+                                 Tensor(const_cast<int32_t*>(counts), DType::I32, {experts_}), moe_layer);
   const int64_t El = local_experts_;
   int64_t most_in = 0;
   for (int q = 0; q < size_; ++q) {

@@ -54,7 +54,9 @@ class ExpertDispatcher {
   };
   static Footprint footprint(int64_t num_experts, int ep_size, int64_t max_rows_in, int chunks);
 
-  void plan(const int32_t* counts);  // host I32 [num_experts]: this rank's rows per expert
+  // counts: host I32 [num_experts], this rank's rows per expert in MoE layer `moe_layer` (its
+  // ordinal among the MoE layers: an emulated job's stand-in routes by layer).
+  void plan(const int32_t* counts, int moe_layer = 0);
   int64_t rows_out() const { return rows_out_; }  // rows this rank sends (Σ counts)
   int64_t rows_in() const { return rows_in_; }    // rows it receives for its experts
   // Rows of x_local, y_local (and the callers' per-row buffers) in use: rows_in with one round,

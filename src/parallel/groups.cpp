@@ -21,7 +21,7 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& 
     g->world_host = world.comm.get();
     return g;
   }
-  MOP_CHECK(world.mpi || world.inprocess, "several ranks without MPI");
+  MOP_CHECK(world.mpi || world.inprocess || world.standin, "several ranks without MPI");
   std::unique_ptr<CommFactory> comms = make_comm_factory(world);
   MOP_CHECK(comms->rank() == world.rank, "world rank ", world.rank, ", MPI rank ", comms->rank());
   return build(mesh, *comms, cfg.parallel.collective_timeout, ops, streams);

@@ -21,6 +21,10 @@ class TimedComm final : public Comm {
     Scope s(timed_, "all_gather");
     inner_->all_gather(out, in);
   }
+  void all_gather_expert_counts(Tensor out, const Tensor& in, int moe_layer) override {
+    Scope s(timed_, "all_gather");
+    inner_->all_gather_expert_counts(out, in, moe_layer);
+  }
   void reduce_scatter_sum(Tensor out, const Tensor& in) override {
     Scope s(timed_, "reduce_scatter_sum");
     inner_->reduce_scatter_sum(out, in);

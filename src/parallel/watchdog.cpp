@@ -172,6 +172,10 @@ class WatchedComm final : public Comm {
     ScopedCollective watched(dog_, all_gather_);
     inner_->all_gather(out, in);
   }
+  void all_gather_expert_counts(Tensor out, const Tensor& in, int moe_layer) override {
+    ScopedCollective watched(dog_, all_gather_);
+    inner_->all_gather_expert_counts(out, in, moe_layer);
+  }
   void reduce_scatter_sum(Tensor out, const Tensor& in) override {
     ScopedCollective watched(dog_, reduce_scatter_);
     inner_->reduce_scatter_sum(out, in);

@@ -8,10 +8,12 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "parallel/collective_log.h"
 #include "parallel/inprocess_comm.h"
 #include "parallel/launch.h"
 #include "parallel/mesh.h"
 #include "parallel/mpi_comm.h"
+#include "parallel/standin_comm.h"
 
 namespace mop {
 
@@ -41,11 +43,21 @@ World World::init(int* argc, char*** argv) {
   return w;
 }
 
-std::unique_ptr<CommFactory> make_comm_factory(const World& world) {
+namespace {
+
+std::unique_ptr<CommFactory> carrier_factory(const World& world) {
   if (world.mpi) return make_mpi_comm_factory();
   if (world.inprocess) return make_inprocess_comm_factory(world.inprocess, world.rank);
+  if (world.standin) return make_standin_comm_factory(world.standin);
   MOP_CHECK(world.size == 1, "a world of ", world.size, " ranks without MPI");
   return make_self_comm_factory();
+}
+
+}  // namespace
+
+std::unique_ptr<CommFactory> make_comm_factory(const World& world) {
+  std::unique_ptr<CommFactory> f = carrier_factory(world);
+  return world.collective_log ? record_collectives(std::move(f), *world.collective_log) : std::move(f);
 }
 
 World inprocess_world(std::shared_ptr<InProcessWorld> ranks, int rank, int size) {

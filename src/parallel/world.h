@@ -9,8 +9,10 @@
 
 namespace mop {
 
+class CollectiveLog;
 class CommFactory;
 class InProcessWorld;
+struct StandInJob;
 
 struct World {
   int rank = 0, size = 1;
@@ -20,6 +22,11 @@ struct World {
   std::unique_ptr<Comm> comm;  // all ranks
   // Tests: ranks that are threads of one process (parallel/inprocess_comm.h), without MPI.
   std::shared_ptr<InProcessWorld> inprocess;
+  // An emulated rank (`mop emulate`, standin_comm.h): its groups' comms are stand-ins.
+  std::shared_ptr<const StandInJob> standin;
+  // Tests: every collective of the comms made for this rank's groups is recorded here
+  // (collective_log.h). Not owned.
+  CollectiveLog* collective_log = nullptr;
 
   // Initialises MPI when launched by an MPI launcher; sets the error context ("rank R on HOST").
   static World init(int* argc, char*** argv);
@@ -31,7 +38,8 @@ struct World {
 };
 
 // The comms of this job's groups (comm_factory.h): over MPI when MPI is initialised, in-process
-// for a world of threads, else the self comms of a world of one.
+// for a world of threads, stand-ins for an emulated rank, else the self comms of a world of one;
+// recorded into world.collective_log when it is set.
 std::unique_ptr<CommFactory> make_comm_factory(const World& world);
 // Rank `rank` of an in-process world of threads (inprocess_comm.h): its World, world comm included.
 World inprocess_world(std::shared_ptr<InProcessWorld> ranks, int rank, int size);
