@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "parallel/world.h"
 #include "train/commands.h"
+#include "train/emulate.h"
 #include "train/hf_interop.h"
 #include "train/score.h"
 #include "train/signals.h"
@@ -76,6 +77,19 @@ int main(int argc, char** argv) {
   pl->add_option("--top", plan.top, "--search: how many plans to list")->check(CLI::Range(1, 1 << 20));
   pl->add_flag("--program", plan.program, "Also print the step program: the actions one rank's step runs, in order, with their streams");
   pl->add_option("--rank", plan.rank, "--program: whose program (ranks differ where ZeRO-1 owners keep state on the host); default 0")->check(CLI::Range(0, (1 << 20) - 1));
+
+  mop::EmulateArgs emu;
+  auto* em = app.add_subcommand("emulate", "Run one rank of a job planned for another machine (e.g. 96 GPUs) on this device, its collectives stand-ins, and compare its memory and time with the plan");
+  em->add_option("-c,--config", emu.config, "YAML config file")->required();
+  em->add_option("--set", emu.overrides, "Override a config key: section.key=value (repeatable)");
+  em->add_option("--machine", emu.machine, "Machine file of the job's machine; default: built-in h200 (cpu for train.device: cpu)");
+  em->add_option("--gpus", emu.gpus, "Ranks (GPUs) of the job in all; default: the config's foldings, or every GPU of --nodes")->check(CLI::Range(1, 1 << 20));
+  em->add_option("--nodes", emu.nodes, "Nodes of the job; default: the machine file's")->check(CLI::Range(1, 1 << 16));
+  em->add_option("--rank", emu.rank, "The rank to run; default 0")->check(CLI::Range(0, (1 << 20) - 1));
+  em->add_option("--routing", emu.routing, "What the other ranks send this rank's experts: balanced, zipf:S (expert e's share ∝ 1/(e+1)^S), or a router histogram file (log.router_histogram of mop train)");
+  em->add_option("--steps", emu.steps, "Steps to run; the first is a warm-up (default 3)")->check(CLI::Range(1, 1000));
+  em->add_option("--layers", emu.layers, "Run the rank with this many of its layers (where the host cannot hold its whole share); the plan's full-depth figures are printed beside")->check(CLI::Range(1, 1 << 16));
+  em->add_flag("--json", emu.json, "Print JSON instead of text");
 
   mop::CalibrateArgs cal;
   auto* ca = app.add_subcommand("calibrate", "Measure this machine (GEMMs, attention, memory-bound ops, copies, host AdamW, collectives under mpirun) into a machine file for mop plan");
@@ -179,6 +193,8 @@ int main(int argc, char** argv) {
       rc = mop::cmd_validate(validate);
     } else if (*pl) {
       rc = mop::cmd_plan(plan);
+    } else if (*em) {
+      rc = mop::cmd_emulate(emu);
     } else if (*ca) {
       world = mop::World::init(&argc, &argv);
       rc = mop::cmd_calibrate(cal, world);

@@ -135,9 +135,9 @@ RateTable tab(std::initializer_list<std::pair<double, double>> pts, double unit)
 // H200 of the H200 machine (README "The plan"; the grouped expert GEMMs re-measured on
 // 2026-12-01 with the CUTLASS sm90 kernels). Not measured here: the 8-GPU NVLink collectives
 // (nccl-tests' published H100/H200 bus bandwidths), the network (90% of a 400 Gb/s link per GPU),
-// and a full node's host: its per-rank AdamW rates are those we measured on a 16-core slice
-// (5.3 / 8.2 / 5.8 G params/s) scaled by 0.4, an eighth of a two-socket node's ~450 GB/s against
-// the slice's ~140 GB/s. The H200 machine's own figures: configs/machines/h200-1gpu.yaml.
+// and a full node's host: the AdamW rates of a rank are share_builtin_host's (8 ranks on 112
+// cores: 0.4 of the slice we measured). The H200 machine's own figures:
+// configs/machines/h200-1gpu.yaml.
 Machine h200() {
   Machine m;
   m.name = "h200";
@@ -170,7 +170,10 @@ Machine h200() {
   d.workspace_bytes = 0.104 * kGiB;
   d.workspace_bytes_per_token = 32921;
   d.comm_buffer_bytes = 0.1 * kGiB;
-  m.host = {2048 * kGiB, 112, 0.9, 2.1e9, 3.2e9, 2.3e9, 0.61, 56e9};
+  m.host.memory_bytes = 2048 * kGiB;
+  m.host.pinned_fraction = 0.9;
+  m.host.adamw_under_copies = 0.61;
+  share_builtin_host(m, 112, 8);
   LinkSpec& l = m.link;
   l.h2d = 55.5e9, l.d2h = 55.3e9, l.both = 101.7e9;
   l.node_all_reduce = 450e9, l.node_all_to_all = 300e9, l.node_send_recv = 350e9;
@@ -239,6 +242,23 @@ void check_machine(const Machine& m, const std::string& origin) {
 }
 
 }  // namespace
+
+// The host AdamW of one rank is bound by its cores and by its share of the node's memory
+// bandwidth. Measured on a 16-core slice of the H200 machine's host (~140 GB/s): 5.3 G params/s in
+// one pass, 8.2 and 5.8 for the weights and state passes of two. A rank of `ranks` on `cores`
+// cores of a node of ~450 GB/s (two sockets) runs at the slice's rates × min(its cores / 16, its
+// bandwidth / 140 GB/s).
+void share_builtin_host(Machine& m, int cores, int ranks_per_node) {
+  constexpr double kSliceCores = 16, kSliceBw = 140e9, kNodeBw = 450e9;
+  const int ranks = std::max(1, ranks_per_node);
+  m.host.cores = std::max(1, cores);
+  const double bw = kNodeBw / ranks;
+  const double f = std::min(double(m.host.cores) / ranks / kSliceCores, bw / kSliceBw);
+  m.host.adamw_one_pass = 5.3e9 * f;
+  m.host.adamw_weights_pass = 8.2e9 * f;
+  m.host.adamw_state_pass = 5.8e9 * f;
+  m.host.dram_bw = std::min(bw, kSliceBw * double(m.host.cores) / ranks / kSliceCores);
+}
 
 Machine builtin_machine(const std::string& name) {
   if (name == "h200") return h200();

@@ -85,6 +85,11 @@ struct Machine {
 // Built-in descriptions: "h200" (one node of 8 H200s, from measurements on the H200 machine) and
 // "cpu" (the CPU backend on a small development VM). Other names are a UserError.
 Machine builtin_machine(const std::string& name);
+// The built-in h200 node's host as `ranks_per_node` ranks on `cores` of its cores see it (each
+// rank's AdamW rates by its cores and its share of the node's memory bandwidth): what a plan on
+// this machine, or on a node with fewer ranks than eight, describes. Other machines' rates are
+// their files' (measured by `mop calibrate` as they run).
+void share_builtin_host(Machine& m, int cores, int ranks_per_node);
 // A machine file: YAML as machine_yaml() writes it. Missing keys keep the built-in values of the
 // file's `base` (default h200); unknown keys and bad values are a UserError naming them.
 Machine load_machine(const std::string& path);

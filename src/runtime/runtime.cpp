@@ -272,6 +272,13 @@ int host_cores() {
   return n > 0 ? int(n) : 1;
 }
 
+int this_node_cores(int ranks_on_node) {
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  const int mine = host_cores();
+  if (online > 0 && mine >= online) return int(online);
+  return std::max(1, mine * std::max(1, ranks_on_node));
+}
+
 size_t peak_resident_bytes() { return read_proc_status_kib("VmHWM:") * 1024; }
 
 bool cuda_built() {

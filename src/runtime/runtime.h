@@ -102,6 +102,9 @@ MemoryInfo memory_info(Device device);
 size_t host_memory_limit();
 // Cores this process may run on (its affinity mask).
 int host_cores();
+// The cores of this node that `ranks_on_node` ranks like this process share: the node's online
+// cores, or — when this process is bound to fewer (mpirun --bind-to) — its own times the ranks.
+int this_node_cores(int ranks_on_node);
 // The most host memory this process has had resident (VmHWM; pinned buffers included), 0 where
 // the system does not tell.
 size_t peak_resident_bytes();

@@ -21,6 +21,7 @@
 #include "plan/report.h"
 #include "plan/program.h"
 #include "plan/search.h"
+#include "runtime/runtime.h"
 #include "train/checkpointing.h"
 #include "train/forward_memory.h"
 #include "train/growth.h"
@@ -194,26 +195,48 @@ int cmd_validate(const ValidateArgs& args) {
   return 0;
 }
 
+PlanTarget plan_target(const Config& cfg, const std::string& machine_file, int gpus, int nodes,
+                       bool whole_machine) {
+  PlanTarget t{planning_machine(cfg, machine_file, nodes, 0), 0};
+  Machine& machine = t.machine;
+  const bool builtin_gpu = machine_file.empty() && cfg.train.device != "cpu";
+  if (builtin_gpu && gpus == 0 && nodes == 0 && !whole_machine && gpu_count() > 0) {
+    // Not told otherwise, on a machine with GPUs: this machine — its GPUs, its host's memory and
+    // cores — with the config's foldings.
+    const int world = int(cfg.parallel.attention.cp * cfg.parallel.attention.dp);
+    machine.name = "h200 (this machine)";
+    machine.gpus_per_node = std::min(world, gpu_count());
+    machine.nodes = (world + machine.gpus_per_node - 1) / machine.gpus_per_node;
+    machine.host.memory_bytes = double(memory_info(Device::CPU).total);
+    share_builtin_host(machine, this_node_cores(machine.gpus_per_node), machine.gpus_per_node);
+    t.world = world;
+    return t;
+  }
+  // --gpus: the ranks in all; with --nodes too, spread over them.
+  if (gpus > 0) {
+    t.world = gpus;
+    if (nodes > 0) {
+      MOP_USER_CHECK(gpus % nodes == 0, "--gpus ", gpus, " does not divide over --nodes ", nodes);
+      machine.gpus_per_node = gpus / nodes;
+    } else {
+      machine.nodes = (gpus + machine.gpus_per_node - 1) / machine.gpus_per_node;
+      machine.gpus_per_node = std::min(machine.gpus_per_node, gpus);
+    }
+  } else if (nodes > 0 || whole_machine) {
+    t.world = machine.ranks();
+  } else {
+    t.world = int(cfg.parallel.attention.cp * cfg.parallel.attention.dp);
+  }
+  // Fewer ranks on a built-in node than it holds share its host among fewer.
+  if (builtin_gpu && machine.gpus_per_node < 8) share_builtin_host(machine, machine.host.cores, machine.gpus_per_node);
+  return t;
+}
+
 int cmd_plan(const PlanArgs& args) {
   Config cfg = load_config(args.config, args.overrides);
-  Machine machine = planning_machine(cfg, args.machine, args.nodes, 0);
-  // --gpus: the ranks in all; with --nodes too, spread over them.
-  int world = 0;
-  if (args.gpus > 0) {
-    world = args.gpus;
-    if (args.nodes > 0) {
-      MOP_USER_CHECK(args.gpus % args.nodes == 0, "--gpus ", args.gpus, " does not divide over --nodes ",
-                     args.nodes);
-      machine.gpus_per_node = args.gpus / args.nodes;
-    } else {
-      machine.nodes = (args.gpus + machine.gpus_per_node - 1) / machine.gpus_per_node;
-      machine.gpus_per_node = std::min(machine.gpus_per_node, args.gpus);
-    }
-  } else if (args.nodes > 0 || args.search) {
-    world = machine.ranks();
-  } else {
-    world = int(cfg.parallel.attention.cp * cfg.parallel.attention.dp);
-  }
+  const PlanTarget target = plan_target(cfg, args.machine, args.gpus, args.nodes, args.search);
+  const Machine& machine = target.machine;
+  const int world = target.world;
   if (args.search || cfg.train.plan == "auto") {
     const SearchResult r = search_plans(cfg, machine, world);
     if (args.json) {

@@ -5,7 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
 #include "parallel/world.h"
+#include "plan/machine.h"
 
 namespace mop {
 
@@ -39,6 +41,16 @@ struct PlanArgs {
   int rank = 0;
 };
 int cmd_plan(const PlanArgs& args);
+
+// The machine and world size `mop plan` and `mop emulate` plan for: --machine FILE (else the
+// built-in h200, cpu for train.device: cpu), --gpus ranks in all (spread over --nodes), else
+// --nodes whole nodes (or the whole machine when `whole_machine`), else the config's foldings.
+struct PlanTarget {
+  Machine machine;
+  int world = 1;
+};
+PlanTarget plan_target(const Config& cfg, const std::string& machine_file, int gpus, int nodes,
+                       bool whole_machine);
 
 struct CalibrateArgs {
   std::string out;              // machine file to write; empty: stdout

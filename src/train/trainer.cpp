@@ -83,6 +83,8 @@ Machine run_machine(const Config& cfg, World& world) {
   m.device.memory_bytes = mem[1];
   m.gpus_per_node = world.local_size;
   m.nodes = std::max(1, world.size / std::max(1, world.local_size));
+  // The built-in node's host as this job's ranks share this host (a machine file says its own).
+  if (gpu && cfg.train.machine.empty()) share_builtin_host(m, this_node_cores(world.local_size), world.local_size);
   return m;
 }
 
@@ -107,7 +109,18 @@ Trainer::Trainer(RunStage stage, World& world, std::shared_ptr<const HeldCheckpo
 Trainer::Trainer(const Config& cfg, World& world, std::shared_ptr<const HeldCheckpoint> held)
     : Trainer(start_stage(cfg, world, held.get()), world, held) {}
 
+Trainer::Trainer(const Config& cfg, World& world, const Machine& machine)
+    : cfg_(cfg), world_(world), machine_(machine) {
+  build();
+}
+
 Trainer::~Trainer() = default;
+
+StepMetrics Trainer::step_once() {
+  StepMetrics sm;
+  train_step(sm);
+  return sm;
+}
 
 void Trainer::build() {
   MOP_USER_CHECK(!cfg_.data.paths.empty(), "data.paths: no training data given");
@@ -115,7 +128,7 @@ void Trainer::build() {
                  "the ranks were started with different configurations");
 
   // 1. The plan: every choice below comes from it (train.plan: auto searched for it).
-  const Machine machine = run_machine(cfg_, world_);
+  const Machine machine = machine_ ? *machine_ : run_machine(cfg_, world_);
   cfg_ = planned_config(cfg_, machine, world_.size);
   plan_ = make_plan(cfg_, machine, world_.size);
 

@@ -51,6 +51,9 @@ class Trainer {
   // With moe.growth, `cfg` is the run's (the last stage's experts): the Trainer builds the stage
   // the checkpoint it starts from belongs to (stage 0 for a fresh start).
   Trainer(const Config& cfg, World& world, std::shared_ptr<const HeldCheckpoint> held = nullptr);
+  // Planned for `machine` as given, instead of the machine this process finds (run_machine): an
+  // emulated rank of a job on another machine (`mop emulate`).
+  Trainer(const Config& cfg, World& world, const Machine& machine);
   ~Trainer();
   // Trains to train.steps (or until SIGTERM/SIGINT/SIGUSR1, after which it checkpoints and
   // returns), or to the end of its moe.growth stage: then grew(), and the next stage (train_run)
@@ -84,6 +87,11 @@ class Trainer {
   // What this rank allocated, by the plan's classes (MemoryPlan): the plan's estimate of this
   // rank (plan().memory_of_rank) must equal it.
   MemoryPlan allocated_memory() const;
+  // One training step as run() takes it, without logging, evaluation or checkpoints (`mop
+  // emulate`); its metrics (times, seconds) returned.
+  StepMetrics step_once();
+  // The device memory in use before this run allocated anything (GPU runs).
+  size_t device_used_at_start() const { return device_used_at_start_; }
 
  private:
   void build();
@@ -124,6 +132,7 @@ class Trainer {
   bool grew_ = false;
   std::chrono::steady_clock::time_point grew_at_;
   std::shared_ptr<const HeldCheckpoint> held_in_;  // the state this stage starts from, if in memory
+  std::optional<Machine> machine_;  // the machine to plan for as given (else run_machine's)
   std::shared_ptr<HeldCheckpoint> held_out_;
 
   int64_t step_ = 0;             // optimizer steps done

@@ -1,0 +1,29 @@
+// `mop emulate`: one rank of a job planned for a machine that is not here (a 96-GPU cluster), run
+// on this device. The plan is made for the whole world; the rank builds exactly what it would build
+// there — its slices of the weights, its optimizer state where the plan puts it, its activations and
+// workspaces, its kernels at its shapes — with every collective a stand-in of the same group and
+// byte counts (parallel/standin_comm.h) whose expert-exchange counts come from a routing model
+// (parallel/routing_model.h). It reports, beside the plan's prediction for the same rank: device
+// and host memory, compute time per category, the collectives' time by the plan's link model, and
+// the step and tokens/s per GPU composed of the two.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace mop {
+
+struct EmulateArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string machine;  // machine file; empty: built-in h200 (cpu for train.device: cpu)
+  int gpus = 0, nodes = 0;  // as `mop plan`
+  int rank = 0;
+  std::string routing = "balanced";  // balanced | zipf:S | a router histogram file
+  int steps = 3;   // the first is a warm-up; the report averages the others
+  int layers = 0;  // > 0: emulate the rank with this many of its layers
+  bool json = false;
+};
+int cmd_emulate(const EmulateArgs& args);
+
+}  // namespace mop

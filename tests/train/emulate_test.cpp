@@ -1,0 +1,127 @@
+// mop emulate: rank R of an N-rank job run alone with stand-in comms builds what rank R of the real
+// job builds — every memory class byte for byte — and issues the same collectives in the same
+// order with the same shapes; a job whose plan does not fit is refused before anything is
+// allocated.
+#include <spdlog/spdlog.h>
+
+#include "catch.h"
+#include "core/error.h"
+#include "parallel/collective_log.h"
+#include "parallel/inprocess_comm.h"
+#include "parallel/routing_model.h"
+#include "parallel/run_compare.h"
+#include "parallel/standin_comm.h"
+#include "train/emulate.h"
+#include "train/train_test_util.h"
+#include "train/trainer.h"
+
+using namespace mop;
+
+namespace {
+
+// 4 ranks: attention cp 2 × dp 2, experts ep 2 × dp 2; the optimizer state on the GPU or host, the
+// parameters whole (owner) or sliced.
+struct Variant {
+  std::string placement, shard;
+};
+std::string config(const std::string& corpus, const std::string& dir, const Variant& v) {
+  return test::compare_model_yaml(false, corpus) +
+         "optim: {lr: 0.01, schedule: constant, warmup_steps: 0, state_placement: " + v.placement + "}\n"
+         "train: {steps: 2, global_batch_size: 4, micro_batch_size: 1, eval_interval: 0, device: cpu}\n"
+         "parallel: {attention: {cp: 2, dp: 2}, moe: {ep: 2, dp: 2, exchange_budget: 0}, shard: " + v.shard + "}\n"
+         "checkpoint: {dir: " + dir + ", interval: 0, keep_last: 0, save_final: false}\n"
+         "log: {interval: 1}\n";
+}
+
+struct RankRun {
+  MemoryPlan allocated;
+  CollectiveLog log;
+};
+
+void run_steps(Trainer& t, int steps) {
+  for (int s = 0; s < steps; ++s) t.step_once();
+}
+
+void check_same(const RankRun& real, const RankRun& emu) {
+  const MemoryPlan& a = real.allocated;
+  const MemoryPlan& b = emu.allocated;
+  CHECK(a.weights == b.weights);
+  CHECK(a.grads == b.grads);
+  CHECK(a.optimizer_state == b.optimizer_state);
+  CHECK(a.host_grad_staging == b.host_grad_staging);
+  CHECK(a.activations == b.activations);
+  CHECK(a.workspaces == b.workspaces);
+  CHECK(a.batch == b.batch);
+  CHECK(a.comms == b.comms);
+  CHECK(a.host_optimizer_state == b.host_optimizer_state);
+  CHECK(a.host_staging == b.host_staging);
+  CHECK(a.host_activations == b.host_activations);
+  CHECK(a.activations_by_component == b.activations_by_component);
+  REQUIRE(real.log.entries().size() > 50);
+  REQUIRE(real.log.entries().size() == emu.log.entries().size());
+  for (size_t i = 0; i < real.log.entries().size(); ++i) {
+    INFO("collective " << i);
+    REQUIRE(real.log.entries()[i] == emu.log.entries()[i]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("an emulated rank allocates and communicates as the same rank of the real job", "[cpu][emulate]") {
+  spdlog::set_level(spdlog::level::warn);
+  test::TempDir dir;
+  const std::string corpus = test::prepare_corpus(dir, 40000);
+  const int N = 4, kSteps = 2;
+  for (const Variant extra : {Variant{"gpu", "owner"}, Variant{"host", "slice"}}) {
+    INFO("state " << extra.placement << ", " << extra.shard);
+    std::vector<RankRun> real(N);
+    std::shared_ptr<InProcessWorld> ranks = make_inprocess_world(N);
+    run_inprocess(N, [&](int rank) {
+      World w = inprocess_world(ranks, rank, N);
+      w.collective_log = &real[size_t(rank)].log;
+      Trainer t(load_config_text(config(corpus, dir / "real", extra)), w);
+      real[size_t(rank)].allocated = t.allocated_memory();
+      run_steps(t, kSteps);
+    });
+    const RoutingModel balanced = RoutingModel::parse("balanced", 8, 2);
+    for (const int rank : {0, 3}) {
+      INFO("rank " << rank);
+      auto job = std::make_shared<StandInJob>();
+      job->rank = rank, job->size = N;
+      job->expert_counts = [&](int layer, int, int64_t rows, int64_t, int32_t* out) {
+        balanced.counts(layer, rows / 2, out);
+      };
+      World w = standin_world(job, N);
+      RankRun emu;
+      w.collective_log = &emu.log;
+      const Config cfg = load_config_text(config(corpus, dir / ("emu" + std::to_string(rank)), extra));
+      // The machine the real ranks planned for: this host's, four ranks to the node.
+      Trainer t(cfg, w, run_machine(cfg, w));
+      emu.allocated = t.allocated_memory();
+      run_steps(t, kSteps);
+      check_same(real[size_t(rank)], emu);
+    }
+  }
+}
+
+TEST_CASE("mop emulate refuses a job that does not fit before it allocates anything", "[cpu][emulate]") {
+  spdlog::set_level(spdlog::level::warn);
+  test::TempDir dir;
+  test::write_text(dir / "big.yaml",
+                   "model: {vocab_size: 32000, hidden_size: 8192, num_layers: 64, num_heads: 64, num_kv_heads: 8, "
+                   "head_dim: 128}\nmoe: {num_experts: 64, top_k: 8, expert_ffn: 8192}\n"
+                   "data: {paths: [none], seq_len: 4096}\ntrain: {device: cpu, global_batch_size: 2, micro_batch_size: 1}\n"
+                   "parallel: {attention: {cp: 1, dp: 2}, moe: {ep: 2, dp: 1}}\n");
+  EmulateArgs a;
+  a.config = dir / "big.yaml";
+  a.gpus = 2;
+  try {
+    cmd_emulate(a);
+    FAIL("a job of 10^11 parameters on two CPU ranks was emulated");
+  } catch (const UserError& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("memory") != std::string::npos);
+  }
+  a.config = dir / "missing.yaml";
+  CHECK_THROWS_AS(cmd_emulate(a), UserError);
+}
