@@ -96,6 +96,8 @@ int main(int argc, char** argv) {
   ca->add_option("-o,--out", cal.out, "Machine file (YAML) to write; default: print it");
   ca->add_option("--device", cal.device, "auto (the GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  ca->add_option("--step", cal.step_config, "Also run this config's step here (one rank, random tokens) and write the in-step factors: measured ÷ predicted per category");
+  ca->add_option("--set", cal.step_overrides, "--step: override a config key: section.key=value (repeatable)");
 
   mop::PrepareDataArgs prep;
   auto* p = app.add_subcommand("prepare-data", "Turn text files into a byte-level token shard (Megatron .bin/.idx), or write random tokens for benchmarks");

@@ -64,6 +64,7 @@ const std::vector<Field>& fields() {
   auto dtab = [](RateTable D::*f) { return table(&Machine::device, f); };
   auto host = [](double H::*f) { return member(&Machine::host, f); };
   auto link = [](double L::*f) { return member(&Machine::link, f); };
+  auto in_step = [](size_t c) { return std::function<void*(Machine&)>([c](Machine& m) -> void* { return &m.device.in_step[c]; }); };
   static const std::vector<Field> f = {
       {"name", Kind::Text, 1, [](Machine& m) -> void* { return &m.name; }, "what this describes"},
       {"gpus_per_node", Kind::Int, 1, [](Machine& m) -> void* { return &m.gpus_per_node; }, "ranks per node"},
@@ -100,6 +101,13 @@ const std::vector<Field>& fields() {
       {"device.workspace_gib", Kind::Number, kGiB, dev(&D::workspace_bytes), ""},
       {"device.workspace_bytes_per_token", Kind::Number, 1, dev(&D::workspace_bytes_per_token), ""},
       {"device.comm_buffer_gib", Kind::Number, kGiB, dev(&D::comm_buffer_bytes), ""},
+      {"device.in_step_attention", Kind::Number, 1, in_step(0), "step ÷ isolated rates (mop calibrate --step)"},
+      {"device.in_step_dense_gemms", Kind::Number, 1, in_step(1), ""},
+      {"device.in_step_experts", Kind::Number, 1, in_step(2), ""},
+      {"device.in_step_router_permute", Kind::Number, 1, in_step(3), ""},
+      {"device.in_step_lm_head", Kind::Number, 1, in_step(4), ""},
+      {"device.in_step_optimizer", Kind::Number, 1, in_step(5), ""},
+      {"device.in_step_other", Kind::Number, 1, in_step(7), ""},
       {"host.memory_gib", Kind::Number, kGiB, host(&H::memory_bytes), "per node"},
       {"host.cores", Kind::Int, 1, [](Machine& m) -> void* { return &m.host.cores; }, "per node"},
       {"host.pinned_fraction", Kind::Number, 1, host(&H::pinned_fraction), ""},
@@ -239,6 +247,7 @@ void check_machine(const Machine& m, const std::string& origin) {
   need(m.host.memory_bytes > 0 && m.host.cores >= 1, "host.memory_gib and host.cores must be positive");
   need(m.host.pinned_fraction > 0 && m.host.pinned_fraction <= 1, "host.pinned_fraction must be in (0, 1]");
   need(m.link.overlap_slowdown >= 1, "link.overlap_slowdown must be at least 1");
+  for (double f : m.device.in_step) need(f >= 0.05 && f <= 20, "device.in_step_* factors must be in [0.05, 20]");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 // log(size) and held constant past the ends.
 #pragma once
 
+#include <array>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,6 +49,12 @@ struct DeviceSpec {
   // chunk × vocab bf16, which the plan adds itself).
   double workspace_bytes = 0, workspace_bytes_per_token = 0;
   double comm_buffer_bytes = 0;  // per asynchronous device communicator (NCCL)
+  // In-step factors: what a whole step's compute stream measured over what these rates predicted,
+  // per category of the step's time split (ops/timed_ops.h's OpCategory order; communication's
+  // unused). Isolated kernels run at other clocks, caches and neighbours than a step's (and with
+  // the device update overlapped, its time lands in the forward's categories): `mop calibrate
+  // --step CONFIG` runs a step and writes them. 1: the isolated rates hold.
+  std::array<double, 8> in_step{1, 1, 1, 1, 1, 1, 1, 1};
 };
 
 struct HostSpec {

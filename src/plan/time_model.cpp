@@ -12,6 +12,8 @@
 
 namespace mop {
 
+static_assert(kNumOpCategories == 8, "DeviceSpec::in_step has one factor per OpCategory");
+
 double StepTime::compute() const {
   double s = 0;
   for (int c = 0; c < kNumOpCategories; ++c)
@@ -55,6 +57,7 @@ class Model {
  private:
   // ---- pricing -------------------------------------------------------------------------------
   void charge(OpCategory cat, double seconds) {
+    if (cat != OpCategory::Communication) seconds *= d_.in_step[size_t(cat)];
     st_.seconds[size_t(cat)] += seconds * repeat_;
     ComponentTime& c = st_.components[size_t(component_)];
     (phase_ == Phase::Forward ? c.forward : phase_ == Phase::Backward ? c.backward : c.recompute) +=

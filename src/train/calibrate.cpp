@@ -26,6 +26,7 @@
 #include "plan/op_bytes.h"
 #include "runtime/runtime.h"
 #include "train/commands.h"
+#include "train/emulate.h"
 
 namespace mop {
 
@@ -439,9 +440,32 @@ void collectives(Ops& ops, Bench& b, World& world, LinkSpec& l, bool gpu, bool r
   b.release();
 }
 
+// The in-step factors: args.step_config's step, run here as one rank of its own (random tokens,
+// four steps), measured by category over what the rates just measured predict for it.
+void step_factors(const CalibrateArgs& args, Machine& m, bool root) {
+  const Config cfg = load_config(args.step_config, args.step_overrides);
+  Machine one = m;
+  one.gpus_per_node = 1, one.nodes = 1;
+  one.device.in_step.fill(1);
+  const RankTimes r = time_rank(cfg, one, 1, 0, 4);
+  std::string line;
+  for (int c = 0; c < kNumOpCategories; ++c) {
+    if (OpCategory(c) == OpCategory::Communication) continue;
+    const double predicted = r.plan.time.seconds[size_t(c)], measured = r.times.seconds[size_t(c)];
+    // Categories of under a millisecond are left alone: their ratio is noise.
+    const double f = predicted > 1e-3 && measured > 1e-3 ? std::clamp(measured / predicted, 0.05, 20.0) : 1.0;
+    m.device.in_step[size_t(c)] = f;
+    line += fmt::format("{}{} {:.0f}/{:.0f} ms = {:.3f}", line.empty() ? "" : ", ", op_category_name(OpCategory(c)),
+                        1e3 * measured, 1e3 * predicted, f);
+  }
+  say(root, "in-step factors from " + args.step_config + " (measured/predicted per step): " + line);
+}
+
 }  // namespace
 
 int cmd_calibrate(const CalibrateArgs& args, World& world) {
+  MOP_USER_CHECK(args.step_config.empty() || world.size == 1, "--step runs on one rank; calibrate the node's "
+                 "collectives under mpirun without it");
   const bool gpu = args.device != "cpu" && gpu_count() > 0;
   MOP_USER_CHECK(args.device != "cuda" || gpu, "--device cuda: no CUDA device is available",
                  cuda_built() ? "" : " (this mop was built without CUDA)");
@@ -470,6 +494,8 @@ int cmd_calibrate(const CalibrateArgs& args, World& world) {
   host(dev, m.host, m.link, root);
   collectives(*ops, bench, world, m.link, gpu, root);
   m.name = "calibrated: " + d.name + (world.size > 1 ? " × " + std::to_string(world.size) : std::string());
+  ops.reset();
+  if (!args.step_config.empty()) step_factors(args, m, root);
   say(root, "done in " + rate(now() - t0, 1, "s"));
   if (!root) return 0;
   const std::string yaml = machine_yaml(m);

@@ -55,6 +55,10 @@ PlanTarget plan_target(const Config& cfg, const std::string& machine_file, int g
 struct CalibrateArgs {
   std::string out;              // machine file to write; empty: stdout
   std::string device = "auto";  // auto | cpu | cuda
+  // A config whose step, run here on one rank, gives the in-step factors (DeviceSpec::in_step);
+  // empty: none (factors of 1).
+  std::string step_config;
+  std::vector<std::string> step_overrides;
 };
 // Measures this machine (every rank of the job at once) and writes a machine file (calibrate.cpp).
 int cmd_calibrate(const CalibrateArgs& args, World& world);

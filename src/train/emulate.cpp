@@ -240,7 +240,31 @@ Plan plan_with_layers(const Plan& full, const Machine& machine, int world, const
   return make_plan(emulated_config(full, dir, steps, layers), machine, world, /*check_fit=*/false);
 }
 
+void write_random_tokens(const Config& c) {
+  // Uniformly random tokens: a few steps' worth (the loader reuses them in later epochs).
+  RandomTokensOptions r;
+  r.output = c.data.paths.front();
+  const int64_t seq = c.data.seq_len + 1;
+  r.num_tokens = std::min<int64_t>(seq * (c.train.global_batch_size + 1), int64_t(1) << 28);
+  r.vocab_size = c.model.vocab_size;
+  r.seed = uint64_t(c.train.seed);
+  prepare_random_tokens(r);
+}
+
 }  // namespace
+
+RankTimes time_rank(const Config& cfg, const Machine& machine, int world, int rank, int steps) {
+  const Plan full = make_plan(planned_config(cfg, machine, world), machine, world);
+  ScratchDir scratch;
+  const Config ecfg = emulated_config(full, scratch.path.string(), steps, 0);
+  const Plan eplan = make_plan(ecfg, machine, world, /*check_fit=*/false);
+  const std::string why = misfit_here(eplan, rank);
+  MOP_USER_CHECK(why.empty(), "rank ", rank, " of ", cfg.model.num_layers, " layers ", why);
+  write_random_tokens(ecfg);
+  const RoutingModel balanced = RoutingModel::parse("balanced", full.dims.experts, full.dims.top_k);
+  const Measured m = run_rank(ecfg, machine, world, rank, balanced, steps);
+  return {eplan, m.times, m.step};
+}
 
 int cmd_emulate(const EmulateArgs& args) {
   MOP_USER_CHECK(args.steps >= 1 && args.steps <= 1000, "--steps ", args.steps, ": 1 to 1000");
@@ -279,15 +303,7 @@ int cmd_emulate(const EmulateArgs& args) {
   }
   MOP_USER_CHECK(full.run.device == Device::CPU || gpu_count() > 0, "the plan runs on ", machine.device.name,
                  " GPUs and this machine has no GPU: emulate on one, or plan a CPU job (--set train.device=cpu)");
-  {  // Uniformly random tokens: a few steps' worth (the loader reuses them in later epochs).
-    RandomTokensOptions r;
-    r.output = ecfg.data.paths.front();
-    const int64_t seq = ecfg.data.seq_len + 1;
-    r.num_tokens = std::min<int64_t>(seq * (ecfg.train.global_batch_size + 1), int64_t(1) << 28);
-    r.vocab_size = ecfg.model.vocab_size;
-    r.seed = uint64_t(ecfg.train.seed);
-    prepare_random_tokens(r);
-  }
+  write_random_tokens(ecfg);
   const Mesh mesh = Mesh::of(eplan.cfg, world);
   std::vector<int> ranks = {args.rank};
   // Under a skewed routing, also the rank whose experts receive the most.

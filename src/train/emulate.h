@@ -11,6 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
+#include "ops/timed_ops.h"
+#include "plan/plan.h"
+
 namespace mop {
 
 struct EmulateArgs {
@@ -25,5 +29,15 @@ struct EmulateArgs {
   bool json = false;
 };
 int cmd_emulate(const EmulateArgs& args);
+
+// Rank `rank` of `cfg`'s job of `world` ranks on `machine`, run here as `mop emulate` runs it
+// (random tokens, balanced routing) for `steps` steps: its plan, and the compute stream's time by
+// category and the step's seconds, per step, averaged over the steps after the first.
+struct RankTimes {
+  Plan plan;
+  OpTimes times;
+  double step = 0;
+};
+RankTimes time_rank(const Config& cfg, const Machine& machine, int world, int rank, int steps);
 
 }  // namespace mop
