@@ -181,16 +181,15 @@ std::string rank_text(const Measured& m, const Plan& p, const std::string& title
   std::string out = title + "\n";
   const MemoryPlan want = p.memory_of_rank(m.rank);
   char line[512];
-  std::snprintf(line, sizeof line,
-                "  device memory: planned %.2f GiB, allocated %.2f GiB, in use %.2f GiB per the device (%s of planned; "
-                "NCCL's buffers, %.2f GiB in the plan, are not in it)\n",
-                gib(double(want.device_total())), gib(double(m.allocated.device_total())), gib(m.device_in_use),
-                m.device_in_use > 0 ? pct(m.device_in_use + double(want.comms), double(want.device_total())).c_str() : "n/a",
-                gib(double(want.comms)));
-  out += line;
-  std::snprintf(line, sizeof line, "  host memory: planned %.2f GiB, allocated %.2f GiB, peak resident %.2f GiB\n",
-                gib(double(want.host_total())), gib(double(m.allocated.host_total())), gib(m.host_resident));
-  out += line;
+  const bool gpu = p.run.device != Device::CPU;
+  out += "  " + std::string(gpu ? "device" : "memory (CPU backend)") + ": planned " +
+         format_bytes(double(want.device_total())) + ", allocated " + format_bytes(double(m.allocated.device_total()));
+  if (gpu)
+    out += ", in use " + format_bytes(m.device_in_use) + " per the device (with NCCL's buffers, " +
+           format_bytes(double(want.comms)) + " in the plan and not made here: " +
+           pct(m.device_in_use + double(want.comms), double(want.device_total())) + " of planned)";
+  out += "\n  host: planned " + format_bytes(double(want.host_total())) + ", allocated " +
+         format_bytes(double(m.allocated.host_total())) + ", peak resident " + format_bytes(m.host_resident) + "\n";
   out += "  per step, ms       predicted   measured\n";
   for (int c = 0; c < kNumOpCategories; ++c) {
     const OpCategory cat = OpCategory(c);

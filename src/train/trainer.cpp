@@ -271,6 +271,7 @@ void Trainer::build() {
     std::error_code ec;
     MOP_USER_CHECK(!std::filesystem::is_directory(hist, ec), "log.router_histogram: ",
                    hist.string(), " is a directory");
+    ec.clear();  // a file that does not exist yet is what is asked for
     if (hist.has_parent_path()) std::filesystem::create_directories(hist.parent_path(), ec);
     MOP_USER_CHECK(!ec, "log.router_histogram: cannot create ", hist.parent_path().string(), ": ",
                    ec.message());

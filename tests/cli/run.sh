@@ -150,6 +150,33 @@ else
   failures=$((failures + 1))
 fi
 expect 0 "wrote machine.yaml" -- calibrate --device cpu --out machine.yaml
+# mop emulate: one rank of a 4-rank CPU job, its collectives stand-ins; JSON; skewed routing runs the
+# most-loaded rank too; a router histogram from a real run; bad input; a job that does not fit.
+E="--config good.yaml --set train.device=cpu --set parallel.attention.dp=2 --set parallel.attention.cp=2 --set parallel.moe.ep=2 --set parallel.moe.dp=2 --gpus 4 --steps 2"
+expect 0 "composed" -- emulate $E --rank 3
+expect 0 "the most-loaded rank, 0" -- emulate $E --rank 1 --routing zipf:1.5
+"$mop" emulate $E --layers 1 --json > emulate.json 2> emulate.log
+python3 -c "
+import json, sys
+d = json.load(open('emulate.json'))
+r = d['ranks'][0]
+ok = d['world'] == 4 and d['layers'] == 1 and 'plan_full_depth' in d and r['memory']['device_allocated_gib'] == r['memory']['device_planned_gib'] and r['step_composed_ms'] > 0
+sys.exit(0 if ok else 1)" || { echo "FAIL: mop emulate --json"; cat emulate.json | head -20; failures=$((failures + 1)); }
+expect 0 "done at step 2" -- train --config good.yaml --set train.steps=2 --set checkpoint.dir=ckpt_hist --set log.router_histogram=hist.json
+expect 0 "router histogram hist.json" -- emulate $E --routing hist.json
+expect 2 "--rank 4: the job has 4 rank(s)" -- emulate $E --rank 4
+expect 2 "zipf:S" -- emulate $E --routing zipf:x
+expect 2 "--layers 3: 1 to 2" -- emulate $E --layers 3
+expect 2 "must equal the number of ranks (3)" -- emulate --config good.yaml --set train.device=cpu --gpus 3
+out=$( (ulimit -v 3000000; "$mop" emulate --config big.yaml --gpus 1) 2>&1); rc=$?
+if [ "$rc" = 2 ] && [[ "$out" == *"memory"* ]]; then
+  echo "ok: mop emulate of a job too large for this process -> 2"
+else
+  echo "FAIL: mop emulate under ulimit -v -> exit $rc (want 2), output:"; echo "$out" | tail -n 5
+  failures=$((failures + 1))
+fi
+expect 0 "in-step factors from good.yaml" -- calibrate --device cpu --out machine_step.yaml --step good.yaml --set train.device=cpu
+grep -q "in_step_attention" machine_step.yaml || { echo "FAIL: calibrate --step wrote no in-step factors"; failures=$((failures + 1)); }
 expect 0 "MFU" -- plan --config good.yaml --machine machine.yaml --set train.device=cpu
 printf 'device: {memroy_gib: 1}\n' > bad_machine.yaml
 expect 2 "bad_machine.yaml:1: device.memroy_gib: unknown key" -- plan --config good.yaml --machine bad_machine.yaml
