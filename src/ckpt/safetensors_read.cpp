@@ -29,10 +29,11 @@ struct Span {
   const std::string* name;
 };
 
+}  // namespace
+
 // Validates the header and data layout of a file of `size` bytes at `base`.
-void parse_file(const uint8_t* base, uint64_t size, const std::string& src,
-                std::map<std::string, SafetensorsTensor, std::less<>>& tensors,
-                SafetensorsMetadata& metadata) {
+void parse_safetensors(const uint8_t* base, uint64_t size, const std::string& src,
+                       SafetensorsTensors& tensors, SafetensorsMetadata& metadata) {
   if (size < 8)
     throw_user_error(src, ": file too short (", size, " bytes) for a safetensors header");
   uint64_t n = 0;
@@ -120,8 +121,6 @@ void parse_file(const uint8_t* base, uint64_t size, const std::string& src,
                      " bytes after the last tensor (file has trailing data)");
 }
 
-}  // namespace
-
 int64_t SafetensorsTensor::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -131,7 +130,8 @@ int64_t SafetensorsTensor::numel() const {
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path)
     : path_(path), file_(path.string()) {
   static const uint8_t kEmpty[1] = {0};
-  parse_file(file_.data() ? file_.data() : kEmpty, file_.size(), path.string(), tensors_, metadata_);
+  parse_safetensors(file_.data() ? file_.data() : kEmpty, file_.size(), path.string(), tensors_,
+                    metadata_);
 }
 
 const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {
