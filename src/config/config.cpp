@@ -40,16 +40,28 @@ std::string last_segment(const std::string& path) {
   return dot == std::string::npos ? path : path.substr(dot + 1);
 }
 
+// A lower bound of the edit distance.
+size_t length_gap(const std::string& a, const std::string& b) {
+  return a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
+}
+
 }  // namespace
 
 std::string did_you_mean(const std::string& path, const std::vector<std::string>& known) {
+  const std::string segment = last_segment(path);
+  const size_t limit = std::max<size_t>(2, segment.size() / 3);
   std::string best;
   size_t best_d = std::numeric_limits<size_t>::max();
+  // A distance is computed only when the lengths allow one within `limit`: the rest cannot be
+  // suggested, and a megabyte-long key would cost its length × every known key's to compare.
   for (const auto& k : known) {
-    size_t d = std::min(edit_distance(path, k), edit_distance(last_segment(path), last_segment(k)) + 1);
+    size_t d = std::numeric_limits<size_t>::max();
+    if (length_gap(path, k) <= limit) d = edit_distance(path, k);
+    const std::string k_segment = last_segment(k);
+    if (length_gap(segment, k_segment) + 1 <= limit)
+      d = std::min(d, edit_distance(segment, k_segment) + 1);
     if (d < best_d) best_d = d, best = k;
   }
-  size_t limit = std::max<size_t>(2, last_segment(path).size() / 3);
   return best_d <= limit ? " (did you mean " + best + "?)" : "";
 }
 
