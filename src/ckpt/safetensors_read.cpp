@@ -68,13 +68,17 @@ void parse_safetensors(const uint8_t* base, uint64_t size, const std::string& sr
     }
     SafetensorsTensor t;
     t.dtype = *dtype;
-    uint64_t numel = 1;
+    // `extent`, the product of the dims other than 0, must fit int64: numel() and Tensor multiply
+    // the dims in order, so [2, 2^62, 0] (an empty tensor) would overflow them before the 0.
+    uint64_t numel = 1, extent = 1;
     for (const Json& d : entry.at("shape", tw).as_array(tw + ": shape")) {
       int64_t dim = d.as_int64(tw + ": shape");
       if (dim < 0) throw_user_error(tw, ": negative dimension ", dim, " in shape");
       t.shape.push_back(dim);
-      if (__builtin_mul_overflow(numel, uint64_t(dim), &numel))
+      if (dim != 0 && (__builtin_mul_overflow(extent, uint64_t(dim), &extent) ||
+                       extent > uint64_t(INT64_MAX)))
         throw_user_error(tw, ": shape ", shape_str(t.shape), "... has too many elements");
+      numel *= uint64_t(dim);  // at most `extent`
     }
     const Json::Array& offsets = entry.at("data_offsets", tw).as_array(tw + ": data_offsets");
     if (offsets.size() != 2) throw_user_error(tw, ": data_offsets must be [begin, end]");
