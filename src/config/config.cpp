@@ -330,7 +330,8 @@ void validate_growth(const Config& c) {
     return;
   }
   if (e.growth.empty()) return;
-  const int64_t tokens_per_step = c.train.global_batch_size * c.data.seq_len;
+  const int64_t tokens_per_step = checked_mul(c.train.global_batch_size, c.data.seq_len,
+                                              "train.global_batch_size × data.seq_len");
   double tokens = 0;
   int64_t steps = 0;
   bool found = false;
@@ -346,7 +347,9 @@ void validate_growth(const Config& c) {
                    ": no budget (tokens or steps); only the last stage may leave it out");
     found = found || st.experts == e.num_experts;
     tokens += st.tokens > 0 ? st.tokens : double(st.steps) * double(tokens_per_step);
-    steps = int64_t(std::llround(tokens / double(tokens_per_step)));
+    // Held below int64's range (llround of 1e300 is LLONG_MIN, which passed the check below):
+    // a stage ending past train.steps needs only to be seen to.
+    steps = int64_t(std::llround(std::min(tokens / double(tokens_per_step), 1e18)));
     if (i + 1 < e.growth.size())
       MOP_USER_CHECK(steps < c.train.steps, at, " ends at step ", steps, " (", tokens, " tokens at ",
                      tokens_per_step, " per step), not before train.steps (", c.train.steps, ")");

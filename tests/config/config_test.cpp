@@ -204,6 +204,13 @@ TEST_CASE("config: moe.growth stages load, dump back and refuse what cannot run"
         "moe.growth: stage 1 (2 experts): no budget (tokens or steps); only the last stage may leave it out");
   CHECK(error_of(base, {"moe.growth=[{experts: 2, steps: 10}, {experts: 8}]"}) ==
         "moe.growth: stage 1 (2 experts) ends at step 10 (1280 tokens at 128 per step), not before train.steps (10)");
+  // A budget past int64's steps, and a step past int64's tokens (found by fuzz/config_fuzz.cpp).
+  CHECK(error_of(base, {"moe.growth=[{experts: 2, tokens: 1e300}, {experts: 8}]"}) ==
+        "moe.growth: stage 1 (2 experts) ends at step 1000000000000000000 (1e+300 tokens at 128 per step), not "
+        "before train.steps (10)");
+  CHECK(error_of(base, {"moe.growth=[{experts: 2, steps: 3}, {experts: 8}]", "data.seq_len=16777216",
+                        "train.global_batch_size=1e12"}) ==
+        "train.global_batch_size × data.seq_len overflows a 64-bit integer");
   CHECK(error_of(base, {"moe.growth=[{experts: 2, steps: 3}, {experts: 4}]"}) ==
         "moe.growth: no stage has moe.num_experts (8) experts; the last stage's count is the model's");
   CHECK(error_of(base, {"moe.growth=[{experts: 1, steps: 3}, {experts: 8}]"}) ==
