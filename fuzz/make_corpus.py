@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Writes the fuzz targets' seed corpus, fuzz/corpus/<target>/: small valid inputs and near-valid
 ones (one field wrong), a few KB per target, so libFuzzer starts from the formats' structure
-instead of random bytes. Standard library only; rerun when a format changes and commit the result.
+instead of random bytes; and their dictionaries, fuzz/<target>.dict (keywords, the config's keys
+from src/config/config_schema.cpp, boundary numbers), which scripts/fuzz.sh passes as -dict. Standard library only; rerun when a format changes and commit the result.
 The fixtures it copies are the tests' (tests/ckpt/fixtures, tests/data/fixtures, configs/)."""
 import json
 import os
+import re
 import shutil
 import struct
 
@@ -169,10 +171,65 @@ def megatron_seeds():
     write("megatron_idx", "near_multimodal", megatron_idx(4, [1, 1], 4, [0, 2]) + b"\0\0")
 
 
+# Boundary numbers for the text formats: int32/int64/uint64 edges, 2^62, and out-of-range doubles.
+NUMBERS = ["0", "-1", "1e300", "-1e300", "1e-400", "2147483647", "2147483648", "16777216",
+           "4294967296", "4611686018427387904", "9223372036854775807", "9223372036854775808",
+           "18446744073709551615", "18446744073709551616", "1e12", "1e18", ".nan", ".inf"]
+JSON_TOKENS = ["{", "}", "[", "]", ":", ",", '"', "true", "false", "null", "\\u", "\\ud83d\\ude00",
+               "\\u0000", "e+", "E-"]
+
+
+def write_dict(target, comment, tokens):
+    """fuzz/<target>.dict in libFuzzer's -dict format: one quoted token a line."""
+    with open(os.path.join(ROOT, "fuzz", target + ".dict"), "w") as f:
+        f.write(f"# libFuzzer dictionary for {target}_fuzz (fuzz/make_corpus.py): {comment}\n")
+        seen = set()
+        for t in tokens:
+            b = t if isinstance(t, bytes) else t.encode()
+            if b not in seen:
+                seen.add(b)
+                f.write('"' + "".join(chr(c) if 32 <= c < 127 and c not in b'"\\' else f"\\x{c:02X}"
+                                      for c in b) + '"\n')
+
+
+def dictionaries():
+    write_dict("json", "grammar and boundary numbers", JSON_TOKENS + NUMBERS)
+    write_dict("safetensors", "header fields, dtypes, boundary numbers", JSON_TOKENS + NUMBERS + [
+        "__metadata__", "dtype", "shape", "data_offsets", "F32", "F64", "BF16", "I32", "I64", "U8",
+        "U16", "U32", "F16", "BOOL", struct.pack("<Q", 8)])
+    write_dict("manifest", "fields and boundary numbers", JSON_TOKENS + NUMBERS + [
+        "format_version", "step", "mop_version", "config", "state", "files", "name", "bytes",
+        "sha256", "manifest.json", "..", "/", "a" * 64])
+    write_dict("tokenizer", "tokenizer.json's parts and boundary ids", JSON_TOKENS + NUMBERS + [
+        "model", "type", "BPE", "vocab", "merges", "unk_token", "byte_fallback", "fuse_unk",
+        "ignore_merges", "dropout", "continuing_subword_prefix", "end_of_word_suffix",
+        "added_tokens", "id", "content", "special", "lstrip", "rstrip", "normalized", "single_word",
+        "normalizer", "normalizers", "NFC", "Prepend", "prepend", "Replace", "pattern", "String",
+        "Regex", "Sequence", "pre_tokenizer", "pretokenizers", "Split", "behavior", "Isolated",
+        "invert", "ByteLevel", "add_prefix_space", "use_regex", "Metaspace", "replacement",
+        "prepend_scheme", "first", "always", "never", "split", "decoder", "decoders",
+        "ByteFallback", "Fuse", "Strip", "start", "stop", "post_processor", "processors",
+        "TemplateProcessing", "single", "SpecialToken", "special_tokens", "ids", "A", "<0x41>",
+        "<0xC3>", "\u2581", "\u0120", "(a+)+$", "\\p{L}+", "(?i:", "truncation", "padding"])
+    # Every section and key name of the schema, and the string values it offers.
+    with open(os.path.join(ROOT, "src", "config", "config_schema.cpp")) as f:
+        schema = f.read()
+    keys = sorted({k for path in re.findall(r's\.[a-z]\("([a-z_.]+)"', schema) for k in path.split(".")})
+    choices = sorted(set(re.findall(r'"([a-z0-9_]+)"', schema)) - set(keys))
+    write_dict("config", "the schema's sections, keys and choices, YAML syntax, boundary numbers",
+               [k + ": " for k in keys] + choices + NUMBERS + [
+                   "{", "}", "[", "]", "? ", "- ", "&a ", "*a", "!!str ", "experts", "tokens", "steps",
+                   "true", "false", "null", "~", "'", '"'])
+    write_dict("megatron_idx", "the header's magic, version, dtype codes and boundary counts", [
+        b"MMIDIDX\x00\x00", struct.pack("<Q", 1), struct.pack("<i", 2**31 - 1),
+        struct.pack("<q", 2**63 - 1), struct.pack("<i", -2**31), b"\x01", b"\x03", b"\x04", b"\x05",
+        b"\x08"])
+
+
 if __name__ == "__main__":
     shutil.rmtree(CORPUS, ignore_errors=True)
     for seeds in (json_seeds, safetensors_seeds, manifest_seeds, tokenizer_seeds, config_seeds,
-                  megatron_seeds):
+                  megatron_seeds, dictionaries):
         seeds()
     for target in sorted(os.listdir(CORPUS)):
         files = os.listdir(os.path.join(CORPUS, target))
