@@ -872,6 +872,8 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view sour
     const int64_t id = id_json.as_int64(mwhere + ".vocab." + token);
     MOP_USER_CHECK(id >= 0 && id < kMaxTokenIds, mwhere, ".vocab: id ", id, " of '", token,
                    "' is out of range (ids run from 0 to ", kMaxTokenIds - 1, ")");
+    // As for added tokens: decode spells a token by its text, and an empty one reads as no token.
+    MOP_USER_CHECK(!token.empty(), mwhere, ".vocab: id ", id, " is the empty string");
     t.vocab.emplace(token, int32_t(id));
     max_id = std::max(max_id, int32_t(id));
   }
