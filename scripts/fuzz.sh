@@ -7,6 +7,7 @@
 #   scripts/fuzz.sh [SECONDS] [TARGET...]     (targets: json safetensors manifest tokenizer config
 #                                              megatron_idx; default all)
 #   MOP_FUZZ_BUILD_DIR  build directory (default: build-fuzz); it keeps the grown corpus between runs
+# The libraries (yaml-cpp, spdlog, PCRE2, ICU) are scripts/setup.sh's.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 seconds=${1:-60}
