@@ -75,8 +75,8 @@ void parse_safetensors(const uint8_t* base, uint64_t size, const std::string& sr
       int64_t dim = d.as_int64(tw + ": shape");
       if (dim < 0) throw_user_error(tw, ": negative dimension ", dim, " in shape");
       t.shape.push_back(dim);
-      if (dim != 0 && (__builtin_mul_overflow(extent, uint64_t(dim), &extent) ||
-                       extent > uint64_t(INT64_MAX)))
+      if (dim != 0 &&
+          (__builtin_mul_overflow(extent, uint64_t(dim), &extent) || extent > uint64_t(INT64_MAX)))
         throw_user_error(tw, ": shape ", shape_str(t.shape), "... has too many elements");
       numel *= uint64_t(dim);  // at most `extent`
     }
