@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh) and run the test suite: CPU tests, multi-rank tests on CPU ranks, the
-# command-line tests; [gpu] tests report "skipped" where there is no GPU.
+# command-line tests; [gpu] tests report "skipped" where there is no GPU. Then the fuzz targets
+# (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -25,5 +26,10 @@ if ! python3 -c "import tensorboard" 2> /dev/null; then
     || echo "[test] could not install tensorboard; its test will be skipped"
 fi
 build_dir=${MOP_BUILD_DIR:-build}
-cd "$build_dir"
-ctest --output-on-failure -j "$(nproc)" "$@"
+(cd "$build_dir" && ctest --output-on-failure -j "$(nproc)" "$@")
+# The fuzz targets, MOP_FUZZ_SECONDS (default 60) each, after the full suite (not after a run
+# narrowed by ctest arguments); MOP_FUZZ_SECONDS=0 leaves them out.
+fuzz_seconds=${MOP_FUZZ_SECONDS:-60}
+if (($# == 0)) && ((fuzz_seconds > 0)); then
+  bash scripts/fuzz.sh "$fuzz_seconds"
+fi

@@ -154,10 +154,12 @@ fs::path CheckpointWriter::commit(Manifest manifest) {
     fsync_path(e.path());  // a no-op for files their writer fsynced; cheap insurance for others
     files.push_back({name, d.bytes, d.sha256});
   }
-  for (const auto& [name, d] : digests_)
+  for (const auto& digest : digests_) {  // no structured binding: clang < 16 cannot capture one
+    const std::string& name = digest.first;
     MOP_CHECK(std::any_of(files.begin(), files.end(),
                           [&](const ManifestFile& f) { return f.name == name; }),
               "add_file(\"", name, "\") but no such file in ", tmp_dir_.string());
+  }
   std::sort(files.begin(), files.end(),
             [](const ManifestFile& a, const ManifestFile& b) { return a.name < b.name; });
   manifest.step = step_;

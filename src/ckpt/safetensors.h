@@ -60,6 +60,14 @@ struct SafetensorsTensor {
   int64_t numel() const;
 };
 
+using SafetensorsTensors = std::map<std::string, SafetensorsTensor, std::less<>>;
+
+// The checks SafetensorsFile's constructor makes, over a file image of `size` bytes already in
+// memory (`source` names it in errors): fills `tensors`, whose data pointers point into `base`, and
+// `metadata`. The fuzz target fuzz/safetensors_fuzz.cpp feeds it bytes directly.
+void parse_safetensors(const uint8_t* base, uint64_t size, const std::string& source,
+                       SafetensorsTensors& tensors, SafetensorsMetadata& metadata);
+
 // An open .safetensors file. The constructor maps the file and validates all of its header;
 // anything wrong is a UserError naming the file and the problem: too short, header length past
 // the end of the file or over 100 MB, invalid JSON, unknown or unsupported dtype, bad shape,
@@ -71,7 +79,7 @@ class SafetensorsFile {
 
   const std::filesystem::path& path() const { return path_; }
   uint64_t file_size() const { return file_.size(); }
-  const std::map<std::string, SafetensorsTensor, std::less<>>& tensors() const { return tensors_; }
+  const SafetensorsTensors& tensors() const { return tensors_; }
   const SafetensorsMetadata& metadata() const { return metadata_; }
 
   // nullptr when the file has no tensor of that name.
@@ -85,7 +93,7 @@ class SafetensorsFile {
  private:
   std::filesystem::path path_;
   MappedFile file_;
-  std::map<std::string, SafetensorsTensor, std::less<>> tensors_;
+  SafetensorsTensors tensors_;
   SafetensorsMetadata metadata_;
 };
 

@@ -29,10 +29,11 @@ struct Span {
   const std::string* name;
 };
 
+}  // namespace
+
 // Validates the header and data layout of a file of `size` bytes at `base`.
-void parse_file(const uint8_t* base, uint64_t size, const std::string& src,
-                std::map<std::string, SafetensorsTensor, std::less<>>& tensors,
-                SafetensorsMetadata& metadata) {
+void parse_safetensors(const uint8_t* base, uint64_t size, const std::string& src,
+                       SafetensorsTensors& tensors, SafetensorsMetadata& metadata) {
   if (size < 8)
     throw_user_error(src, ": file too short (", size, " bytes) for a safetensors header");
   uint64_t n = 0;
@@ -67,13 +68,17 @@ void parse_file(const uint8_t* base, uint64_t size, const std::string& src,
     }
     SafetensorsTensor t;
     t.dtype = *dtype;
-    uint64_t numel = 1;
+    // `extent`, the product of the dims other than 0, must fit int64: numel() and Tensor multiply
+    // the dims in order, so [2, 2^62, 0] (an empty tensor) would overflow them before the 0.
+    uint64_t numel = 1, extent = 1;
     for (const Json& d : entry.at("shape", tw).as_array(tw + ": shape")) {
       int64_t dim = d.as_int64(tw + ": shape");
       if (dim < 0) throw_user_error(tw, ": negative dimension ", dim, " in shape");
       t.shape.push_back(dim);
-      if (__builtin_mul_overflow(numel, uint64_t(dim), &numel))
+      if (dim != 0 &&
+          (__builtin_mul_overflow(extent, uint64_t(dim), &extent) || extent > uint64_t(INT64_MAX)))
         throw_user_error(tw, ": shape ", shape_str(t.shape), "... has too many elements");
+      numel *= uint64_t(dim);  // at most `extent`
     }
     const Json::Array& offsets = entry.at("data_offsets", tw).as_array(tw + ": data_offsets");
     if (offsets.size() != 2) throw_user_error(tw, ": data_offsets must be [begin, end]");
@@ -120,8 +125,6 @@ void parse_file(const uint8_t* base, uint64_t size, const std::string& src,
                      " bytes after the last tensor (file has trailing data)");
 }
 
-}  // namespace
-
 int64_t SafetensorsTensor::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -131,7 +134,8 @@ int64_t SafetensorsTensor::numel() const {
 SafetensorsFile::SafetensorsFile(const std::filesystem::path& path)
     : path_(path), file_(path.string()) {
   static const uint8_t kEmpty[1] = {0};
-  parse_file(file_.data() ? file_.data() : kEmpty, file_.size(), path.string(), tensors_, metadata_);
+  parse_safetensors(file_.data() ? file_.data() : kEmpty, file_.size(), path.string(), tensors_,
+                    metadata_);
 }
 
 const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {

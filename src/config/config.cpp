@@ -40,16 +40,28 @@ std::string last_segment(const std::string& path) {
   return dot == std::string::npos ? path : path.substr(dot + 1);
 }
 
+// A lower bound of the edit distance.
+size_t length_gap(const std::string& a, const std::string& b) {
+  return a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
+}
+
 }  // namespace
 
 std::string did_you_mean(const std::string& path, const std::vector<std::string>& known) {
+  const std::string segment = last_segment(path);
+  const size_t limit = std::max<size_t>(2, segment.size() / 3);
   std::string best;
   size_t best_d = std::numeric_limits<size_t>::max();
+  // A distance is computed only when the lengths allow one within `limit`: the rest cannot be
+  // suggested, and a megabyte-long key would cost its length × every known key's to compare.
   for (const auto& k : known) {
-    size_t d = std::min(edit_distance(path, k), edit_distance(last_segment(path), last_segment(k)) + 1);
+    size_t d = std::numeric_limits<size_t>::max();
+    if (length_gap(path, k) <= limit) d = edit_distance(path, k);
+    const std::string k_segment = last_segment(k);
+    if (length_gap(segment, k_segment) + 1 <= limit)
+      d = std::min(d, edit_distance(segment, k_segment) + 1);
     if (d < best_d) best_d = d, best = k;
   }
-  size_t limit = std::max<size_t>(2, last_segment(path).size() / 3);
   return best_d <= limit ? " (did you mean " + best + "?)" : "";
 }
 
@@ -318,7 +330,8 @@ void validate_growth(const Config& c) {
     return;
   }
   if (e.growth.empty()) return;
-  const int64_t tokens_per_step = c.train.global_batch_size * c.data.seq_len;
+  const int64_t tokens_per_step = checked_mul(c.train.global_batch_size, c.data.seq_len,
+                                              "train.global_batch_size × data.seq_len");
   double tokens = 0;
   int64_t steps = 0;
   bool found = false;
@@ -334,7 +347,9 @@ void validate_growth(const Config& c) {
                    ": no budget (tokens or steps); only the last stage may leave it out");
     found = found || st.experts == e.num_experts;
     tokens += st.tokens > 0 ? st.tokens : double(st.steps) * double(tokens_per_step);
-    steps = int64_t(std::llround(tokens / double(tokens_per_step)));
+    // Held below int64's range (llround of 1e300 is LLONG_MIN, which passed the check below):
+    // a stage ending past train.steps needs only to be seen to.
+    steps = int64_t(std::llround(std::min(tokens / double(tokens_per_step), 1e18)));
     if (i + 1 < e.growth.size())
       MOP_USER_CHECK(steps < c.train.steps, at, " ends at step ", steps, " (", tokens, " tokens at ",
                      tokens_per_step, " per step), not before train.steps (", c.train.steps, ")");

@@ -38,6 +38,10 @@ constexpr std::string_view kGpt2Regex =
 // no word longer than this (without a pre-tokenizer a "word" is a whole piece of text).
 constexpr size_t kMaxCachedWords = 100'000;
 constexpr size_t kMaxCachedWordBytes = 256;
+// Token ids (vocab, added tokens, the template's) must be below this: 64 times the largest
+// vocabulary in use (Gemma 3's 262,144). Loading allocates a table of max id + 1 entries, so an id
+// near INT32_MAX in a 60-byte file would ask for 64 GB.
+constexpr int64_t kMaxTokenIds = int64_t(1) << 24;
 
 void append_utf8(std::string& out, uint32_t cp) {
   if (cp < 0x80) {
@@ -805,8 +809,8 @@ void read_post_processor(const Json& p, const std::string& src, std::vector<int3
       MOP_USER_CHECK(entry, twhere, ": '", name, "' is not in special_tokens");
       for (const Json& id : entry->at("ids", twhere).as_array(twhere + ".special_tokens")) {
         const int64_t v = id.as_int64(twhere + ".special_tokens." + name);
-        MOP_USER_CHECK(v >= 0 && v < INT32_MAX, twhere, ": id ", v, " of '", name,
-                       "' is out of range");
+        MOP_USER_CHECK(v >= 0 && v < kMaxTokenIds, twhere, ": id ", v, " of '", name,
+                       "' is out of range (ids run from 0 to ", kMaxTokenIds - 1, ")");
         (num_a ? after : before).push_back(int32_t(v));
       }
     } else if (const Json* seq = piece.find("Sequence")) {
@@ -866,8 +870,10 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view sour
   int32_t max_id = -1;
   for (const auto& [token, id_json] : model.at("vocab", mwhere).as_object(mwhere + ".vocab")) {
     const int64_t id = id_json.as_int64(mwhere + ".vocab." + token);
-    MOP_USER_CHECK(id >= 0 && id < INT32_MAX, mwhere, ".vocab: id ", id, " of '", token,
-                   "' is out of range");
+    MOP_USER_CHECK(id >= 0 && id < kMaxTokenIds, mwhere, ".vocab: id ", id, " of '", token,
+                   "' is out of range (ids run from 0 to ", kMaxTokenIds - 1, ")");
+    // As for added tokens: decode spells a token by its text, and an empty one reads as no token.
+    MOP_USER_CHECK(!token.empty(), mwhere, ".vocab: id ", id, " is the empty string");
     t.vocab.emplace(token, int32_t(id));
     max_id = std::max(max_id, int32_t(id));
   }
@@ -919,7 +925,8 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, std::string_view sour
       AddedToken a;
       a.content = arr[i].at("content", where).as_string(where + ".content");
       const int64_t id = arr[i].at("id", where).as_int64(where + ".id");
-      MOP_USER_CHECK(id >= 0 && id < INT32_MAX, where, ": id ", id, " is out of range");
+      MOP_USER_CHECK(id >= 0 && id < kMaxTokenIds, where, ": id ", id,
+                     " is out of range (ids run from 0 to ", kMaxTokenIds - 1, ")");
       MOP_USER_CHECK(!a.content.empty(), where, ": empty content");
       a.id = int32_t(id);
       a.special = flag(arr[i], "special", false, where);

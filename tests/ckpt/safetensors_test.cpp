@@ -261,6 +261,11 @@ TEST_CASE("safetensors: every corruption is a UserError naming the file and the 
     expect(raw_file(tensor(R"("dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8])"),
                     ok_data),
            "too many elements");
+    // Empty, but numel() would overflow int64 multiplying 2 × 2^62 before it reaches the 0.
+    expect(
+        raw_file(tensor(R"("dtype":"F32","shape":[2,4611686018427387904,0],"data_offsets":[0,0])"),
+                 ""),
+        "too many elements");
     expect(raw_file(tensor(R"("dtype":"F32","shape":[2],"data_offsets":[0])"), ok_data),
            "data_offsets must be [begin, end]");
     expect(raw_file(tensor(R"("dtype":"F32","shape":[2],"data_offsets":[0,-8])"), ok_data),

@@ -1,5 +1,6 @@
 // Config loading: defaults, overrides, every class of bad input gives one UserError naming the
 // YAML path and value, and the resolved dump loads back to the same config.
+#include <chrono>
 #include <string>
 
 #include "catch.h"
@@ -128,6 +129,17 @@ TEST_CASE("config: values, keys and paths echoed in errors have their control ch
   }
 }
 
+TEST_CASE("config: a megabyte-long unknown key is refused at once", "[cpu][config]") {
+  // did_you_mean compared it with every known key (length × length each): 16 MB took 40 s.
+  const std::string key(16 << 20, 'x');
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(error_of("model:\n  ? " + key + "\n  : 1\n")
+            .starts_with("cfg.yaml:2: unknown key model.xxx"));
+  CHECK(error_of("", {"model." + key + "=1"}).starts_with("--set model.xxx"));
+  // Parsing 16 MB of YAML takes about a second; the comparisons took 40.
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+}
+
 TEST_CASE("config: parallel foldings must match the number of ranks", "[cpu][config]") {
   Config c = load_config_text("parallel: {attention: {cp: 2, dp: 2}, moe: {ep: 4}}\ntrain: {global_batch_size: 16}");
   CHECK_NOTHROW(validate_parallel(c, 4));
@@ -193,6 +205,13 @@ TEST_CASE("config: moe.growth stages load, dump back and refuse what cannot run"
         "moe.growth: stage 1 (2 experts): no budget (tokens or steps); only the last stage may leave it out");
   CHECK(error_of(base, {"moe.growth=[{experts: 2, steps: 10}, {experts: 8}]"}) ==
         "moe.growth: stage 1 (2 experts) ends at step 10 (1280 tokens at 128 per step), not before train.steps (10)");
+  // A budget past int64's steps, and a step past int64's tokens (found by fuzz/config_fuzz.cpp).
+  CHECK(error_of(base, {"moe.growth=[{experts: 2, tokens: 1e300}, {experts: 8}]"}) ==
+        "moe.growth: stage 1 (2 experts) ends at step 1000000000000000000 (1e+300 tokens at 128 "
+        "per step), not before train.steps (10)");
+  CHECK(error_of(base, {"moe.growth=[{experts: 2, steps: 3}, {experts: 8}]",
+                        "data.seq_len=16777216", "train.global_batch_size=1e12"}) ==
+        "train.global_batch_size × data.seq_len overflows a 64-bit integer");
   CHECK(error_of(base, {"moe.growth=[{experts: 2, steps: 3}, {experts: 4}]"}) ==
         "moe.growth: no stage has moe.num_experts (8) experts; the last stage's count is the model's");
   CHECK(error_of(base, {"moe.growth=[{experts: 1, steps: 3}, {experts: 8}]"}) ==

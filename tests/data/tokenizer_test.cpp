@@ -328,6 +328,16 @@ TEST_CASE("tokenizer refuses what it does not implement, naming it", "[cpu][data
   CHECK_USER_ERROR(load("truncation", R"({"max_length": 8})"), "truncation");
   CHECK_USER_ERROR(load("model", R"({"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]})"),
                    "model.merges[0]: 'a' or 'b' is not in the vocab");
+  // Found by fuzz/tokenizer_fuzz.cpp: an id near INT32_MAX sized a 64 GB table; an empty token
+  // (here the unk) encoded to an id that decode then called unknown.
+  CHECK_USER_ERROR(
+      load("model", R"({"type": "BPE", "vocab": {"a": 2147483646}, "merges": []})"),
+      "model.vocab: id 2147483646 of 'a' is out of range (ids run from 0 to 16777215)");
+  CHECK_USER_ERROR(load("added_tokens", R"([{"id": 16777216, "content": "<x>"}])"),
+                   "added_tokens[0]: id 16777216 is out of range");
+  CHECK_USER_ERROR(load("model", R"({"type": "BPE", "unk_token": "", "vocab": {"": 0, "a": 1},
+                          "merges": []})"),
+                   "model.vocab: id 0 is the empty string");
   CHECK_USER_ERROR(load("pre_tokenizer", R"({"type": "Sequence", "pretokenizers": [
                           {"type": "Split", "behavior": "Isolated", "pattern": {"Regex": "(a"}},
                           {"type": "ByteLevel"}]})"),
