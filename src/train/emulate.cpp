@@ -55,7 +55,6 @@ struct Measured {
   OpTimes times;             // per step, mean over the timed steps
   double step = 0;           // seconds per step, the same mean
   int timed_steps = 0;
-  int64_t rows_in = 0;       // not measured here: left for the report's routing line
 };
 
 // The config the rank runs: the plan's own (every choice written in) with the routing's data, no
