@@ -49,6 +49,7 @@ bool scales_with_layers(OpCategory c) {
 // What one emulated rank measured.
 struct Measured {
   int rank = 0;
+  Plan plan;  // the trainer's (planned again where the backend's workspaces took more)
   MemoryPlan planned, allocated;
   double device_in_use = 0;  // the device's own count after each step, the most (GPU runs)
   double host_resident = 0;  // the process's peak resident memory
@@ -106,6 +107,7 @@ Measured run_rank(const Config& cfg, const Machine& machine, int world, int rank
   Trainer trainer(cfg, w, machine);
   Measured m;
   m.rank = rank;
+  m.plan = trainer.plan();
   m.planned = trainer.plan().memory_of_rank(rank);
   m.allocated = trainer.allocated_memory();
   const Device dev = trainer.plan().run.device;
@@ -261,7 +263,7 @@ RankTimes time_rank(const Config& cfg, const Machine& machine, int world, int ra
   write_random_tokens(ecfg);
   const RoutingModel balanced = RoutingModel::parse("balanced", full.dims.experts, full.dims.top_k);
   const Measured m = run_rank(ecfg, machine, world, rank, balanced, steps);
-  return {eplan, m.times, m.step};
+  return {m.plan, m.times, m.step};
 }
 
 int cmd_emulate(const EmulateArgs& args) {
@@ -328,7 +330,7 @@ int cmd_emulate(const EmulateArgs& args) {
     j["steps"] = args.steps;
     Json rs = Json::array();
     for (const Measured& m : measured) {
-      Json r = rank_json(m, eplan);
+      Json r = rank_json(m, m.plan);
       if (m.rank == loaded && eplan.ep > 1)
         r["routing_load"] = RoutingModel::load(routing, mesh.moe(m.rank).ep, eplan.ep,
                                                int64_t(ecfg.train.micro_batch_size) * eplan.local_seq);
@@ -360,7 +362,7 @@ int cmd_emulate(const EmulateArgs& args) {
                                        int64_t(ecfg.train.micro_batch_size) * eplan.local_seq));
       title += b;
     }
-    std::printf("%s", rank_text(m, eplan, title).c_str());
+    std::printf("%s", rank_text(m, m.plan, title).c_str());
   }
   if (layers < cfg.model.num_layers) {
     const MemoryPlan f = full.memory_of_rank(args.rank);

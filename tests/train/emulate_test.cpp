@@ -2,12 +2,15 @@
 // job builds — every memory class byte for byte — and issues the same collectives in the same
 // order with the same shapes; a job whose plan does not fit is refused before anything is
 // allocated.
+#include <mpi.h>
 #include <spdlog/spdlog.h>
 
 #include "catch.h"
 #include "core/error.h"
 #include "parallel/collective_log.h"
 #include "parallel/inprocess_comm.h"
+#include "parallel/mpi_comm.h"
+#include "parallel/mpi_corpus.h"
 #include "parallel/routing_model.h"
 #include "parallel/run_compare.h"
 #include "parallel/standin_comm.h"
@@ -124,4 +127,45 @@ TEST_CASE("mop emulate refuses a job that does not fit before it allocates anyth
   }
   a.config = dir / "missing.yaml";
   CHECK_THROWS_AS(cmd_emulate(a), UserError);
+}
+
+// The same under mpirun: each MPI rank trains two steps of the real job, then emulates itself alone.
+TEST_CASE("an emulated rank allocates and communicates as the same rank under mpirun", "[mpi]") {
+  int N = 1, me = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &N);
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  if (N % 2) return;
+  spdlog::set_level(spdlog::level::warn);
+  const test::SharedCorpus corpus = test::shared_corpus(20000);
+  const std::string yaml =
+      test::compare_model_yaml(false, corpus.root + "/corpus") +
+      "optim: {state_placement: host}\n"
+      "train: {steps: 2, global_batch_size: " + std::to_string(N / 2) + ", micro_batch_size: 1, device: cpu}\n"
+      "parallel: {attention: {cp: 2, dp: " + std::to_string(N / 2) + "}, moe: {ep: 2, dp: " + std::to_string(N / 2) +
+      ", exchange_budget: 0}}\n"
+      "checkpoint: {dir: " + corpus.root + "/ckpt_emulate, save_final: false}\n";
+  const Config cfg = load_config_text(yaml);
+  RankRun real;
+  {
+    World w;
+    w.rank = me, w.size = N, w.mpi = true, w.local_rank = me;
+    w.comm = make_mpi_comm(MPI_COMM_WORLD);
+    w.collective_log = &real.log;
+    Trainer t(cfg, w);
+    real.allocated = t.allocated_memory();
+    run_steps(t, 2);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto job = std::make_shared<StandInJob>();
+  job->rank = me, job->size = N;
+  const RoutingModel balanced = RoutingModel::parse("balanced", 8, 2);
+  job->expert_counts = [&](int layer, int, int64_t rows, int64_t, int32_t* out) { balanced.counts(layer, rows / 2, out); };
+  World w = standin_world(job, 1);
+  RankRun emu;
+  w.collective_log = &emu.log;
+  Trainer t(cfg, w, run_machine(cfg, w));
+  emu.allocated = t.allocated_memory();
+  run_steps(t, 2);
+  check_same(real, emu);
+  MPI_Barrier(MPI_COMM_WORLD);
 }
