@@ -1,6 +1,6 @@
 // JSON for checkpoint manifests and safetensors headers: a small value type (Json) with exact
 // 64-bit integers and round-trip doubles, a writer (compact or indented), and a reader that
-// checks the text against the JSON grammar and then decodes it with yaml-cpp (YAML 1.2 ⊃ JSON).
+// checks the text against the JSON grammar strictly as it builds the values.
 // Errors in parsed input and ill-typed reads are UserErrors that name their source.
 #pragma once
 
@@ -13,10 +13,6 @@
 #include <utility>
 #include <variant>
 #include <vector>
-
-namespace YAML {
-class Node;
-}
 
 namespace mop {
 
@@ -110,9 +106,6 @@ void json_append_double(std::string& out, double x);
 // unquoted keys, trailing garbage, duplicate keys, lone UTF-16 surrogates) is a UserError
 // "<source>: invalid JSON: <problem> (line L, column C)".
 Json parse_json(std::string_view text, std::string_view source);
-// The same check, returned as yaml-cpp's tree. Strings are quoted scalars (Tag() == "!"),
-// numbers and true/false plain scalars (Tag() == "?"), null a Null node.
-YAML::Node parse_json_yaml(std::string_view text, std::string_view source);
 // Reads and parses a file; the file's path is the source in errors.
 Json read_json_file(const std::filesystem::path& path);
 

@@ -1,14 +1,11 @@
-// JSON reader: a grammar check over the raw text, then yaml-cpp for decoding.
-// yaml-cpp alone would accept much that is not JSON (trailing commas, comments, single quotes,
-// unquoted keys, anything after the first value) and rejects two things that are: UTF-16
-// surrogate-pair escapes ("\ud83d\ude00", as Python's json.dumps writes non-BMP characters) and
-// implicit keys over 1024 characters. The check rewrites those two into YAML's "\U0001f600" and
-// an explicit "? " key; everything else reaches yaml-cpp unchanged.
-#include <yaml-cpp/yaml.h>
-
+// JSON reader: one pass of recursive descent over the raw text, checking the grammar strictly and
+// building the values as it goes (a value costs its Json, not a parser's tree beside it: a 20 MB
+// tokenizer.json once took 5 GB through yaml-cpp's nodes).
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
+#include <vector>
 
 #include "ckpt/json.h"
 #include "core/error.h"
@@ -17,24 +14,22 @@
 namespace mop {
 namespace {
 
-// Deeper nesting is surely corrupt input; the bound also keeps yaml-cpp's recursion shallow.
+// Deeper nesting is surely corrupt input; the bound also keeps the recursion shallow.
 constexpr int kMaxDepth = 256;
-// yaml-cpp's limit on an implicit key is 1024 characters; keys this long or longer get "? ".
-constexpr size_t kExplicitKeyLength = 256;
 
-class JsonScanner {
+Json bare_scalar(std::string_view s, std::string_view source);
+
+class JsonReader {
  public:
-  JsonScanner(std::string_view in, std::string_view source) : in_(in), source_(source) {}
+  JsonReader(std::string_view in, std::string_view source) : in_(in), source_(source) {}
 
-  // Checks the grammar; returns the text to hand to yaml-cpp.
-  std::string run() {
+  Json run() {
     skip_ws();
     if (pos_ == in_.size()) fail("empty input");
-    value(0);
+    Json v = value(0);
     skip_ws();
     if (pos_ != in_.size()) fail(std::string("unexpected '") + in_[pos_] + "' after the value");
-    out_.append(in_.substr(copied_));
-    return std::move(out_);
+    return v;
   }
 
  private:
@@ -65,23 +60,25 @@ class JsonScanner {
     ++pos_;
   }
 
-  void value(int depth) {
+  Json value(int depth) {
     if (depth > kMaxDepth) fail("nesting deeper than " + std::to_string(kMaxDepth));
     skip_ws();
     char c = peek();
     if (c == '{') {
-      ++pos_;
+      const size_t open = pos_++;
+      Json::Object o;
       skip_ws();
       if (peek() == '}') {
         ++pos_;
-        return;
+        return Json(std::move(o));
       }
       for (;;) {
         skip_ws();
         if (peek() != '"') fail("expected a string key");
-        string(true);
+        std::string key = string();
         expect(':', "':' after a key");
-        value(depth + 1);
+        Json v = value(depth + 1);
+        o.emplace_back(std::move(key), std::move(v));
         skip_ws();
         if (peek() == ',') {
           ++pos_;
@@ -89,20 +86,30 @@ class JsonScanner {
         }
         if (peek() == '}') {
           ++pos_;
-          return;
+          break;
         }
         fail("expected ',' or '}'");
       }
+      std::vector<std::string_view> keys;
+      keys.reserve(o.size());
+      for (const auto& [k, v] : o) keys.push_back(k);
+      std::sort(keys.begin(), keys.end());
+      if (auto dup = std::adjacent_find(keys.begin(), keys.end()); dup != keys.end()) {
+        pos_ = open;
+        fail("duplicate key \"" + std::string(*dup) + "\"");
+      }
+      return Json(std::move(o));
     }
     if (c == '[') {
       ++pos_;
+      Json::Array a;
       skip_ws();
       if (peek() == ']') {
         ++pos_;
-        return;
+        return Json(std::move(a));
       }
       for (;;) {
-        value(depth + 1);
+        a.push_back(value(depth + 1));
         skip_ws();
         if (peek() == ',') {
           ++pos_;
@@ -110,17 +117,17 @@ class JsonScanner {
         }
         if (peek() == ']') {
           ++pos_;
-          return;
+          return Json(std::move(a));
         }
         fail("expected ',' or ']'");
       }
     }
-    if (c == '"') return string(false);
-    bare_token();
+    if (c == '"') return Json(string());
+    return bare_token();
   }
 
   // true, false, null or a number in JSON's grammar: -?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?
-  void bare_token() {
+  Json bare_token() {
     size_t begin = pos_;
     while (pos_ < in_.size() && (std::isalnum(static_cast<unsigned char>(in_[pos_])) ||
                                  in_[pos_] == '-' || in_[pos_] == '+' || in_[pos_] == '.'))
@@ -130,7 +137,9 @@ class JsonScanner {
       if (pos_ == in_.size()) fail("unexpected end of input");
       fail(std::string("unexpected '") + in_[pos_] + "'");
     }
-    if (t == "true" || t == "false" || t == "null") return;
+    if (t == "true") return Json(true);
+    if (t == "false") return Json(false);
+    if (t == "null") return Json();
     size_t i = 0;
     auto digits = [&] {
       size_t n = 0;
@@ -156,6 +165,7 @@ class JsonScanner {
       pos_ = begin;
       fail("'" + std::string(t) + "' is not a JSON value");
     }
+    return bare_scalar(t, source_);
   }
 
   static int hex_digit(char c) {
@@ -197,14 +207,11 @@ class JsonScanner {
     return 0;
   }
 
-  void string(bool is_key) {
-    size_t open = pos_++;
-    size_t key_at = 0;  // where the key's quote lands in out_
-    if (is_key) {
-      out_.append(in_.substr(copied_, open - copied_));
-      copied_ = open;
-      key_at = out_.size();
-    }
+  // A string at pos_ (its opening quote), decoded: escapes resolved, UTF-16 surrogate pairs joined.
+  std::string string() {
+    const size_t open = pos_++;
+    std::string out;
+    size_t run = pos_;  // start of the raw run not yet appended
     for (;;) {
       if (pos_ >= in_.size()) {
         pos_ = open;
@@ -223,46 +230,55 @@ class JsonScanner {
         ++pos_;
         continue;
       }
-      char e = pos_ + 1 < in_.size() ? in_[pos_ + 1] : '\0';
-      if (std::string_view("\"\\/bfnrt").find(e) != std::string_view::npos && e != '\0') {
+      out.append(in_.substr(run, pos_ - run));
+      const char e = pos_ + 1 < in_.size() ? in_[pos_ + 1] : '\0';
+      const char* simple = "\"\\/bfnrt";
+      const char* decoded = "\"\\/\b\f\n\r\t";
+      if (const char* at = e ? std::strchr(simple, e) : nullptr) {
+        out += decoded[at - simple];
         pos_ += 2;
-        continue;
-      }
-      if (e != 'u') fail(std::string("invalid escape '\\") + e + "'");
-      int hi = utf16_escape(pos_);
-      if (hi < 0) fail("invalid \\u escape");
-      if (hi >= 0xdc00 && hi <= 0xdfff) fail("lone UTF-16 low surrogate");
-      if (hi < 0xd800 || hi > 0xdbff) {
+      } else {
+        if (e != 'u') fail(std::string("invalid escape '\\") + e + "'");
+        int hi = utf16_escape(pos_);
+        if (hi < 0) fail("invalid \\u escape");
+        if (hi >= 0xdc00 && hi <= 0xdfff) fail("lone UTF-16 low surrogate");
+        unsigned cp = unsigned(hi);
+        if (hi >= 0xd800 && hi <= 0xdbff) {
+          int lo = utf16_escape(pos_ + 6);
+          if (lo < 0xdc00 || lo > 0xdfff) fail("lone UTF-16 high surrogate");
+          cp = 0x10000u + ((unsigned(hi) - 0xd800u) << 10) + (unsigned(lo) - 0xdc00u);
+          pos_ += 6;
+        }
         pos_ += 6;
-        continue;
+        append_utf8(out, cp);
       }
-      int lo = utf16_escape(pos_ + 6);
-      if (lo < 0xdc00 || lo > 0xdfff) fail("lone UTF-16 high surrogate");
-      unsigned cp = 0x10000u + ((unsigned(hi) - 0xd800u) << 10) + (unsigned(lo) - 0xdc00u);
-      char buf[16];
-      std::snprintf(buf, sizeof buf, "\\U%08X", cp);
-      out_.append(in_.substr(copied_, pos_ - copied_));
-      out_ += buf;
-      pos_ += 12;
-      copied_ = pos_;
+      run = pos_;
     }
+    out.append(in_.substr(run, pos_ - run));
     ++pos_;
-    if (is_key && pos_ - open >= kExplicitKeyLength) out_.insert(key_at, "? ");
+    return out;
+  }
+
+  static void append_utf8(std::string& out, unsigned cp) {
+    if (cp < 0x80) {
+      out += char(cp);
+    } else if (cp < 0x800) {
+      out += char(0xc0 | (cp >> 6)), out += char(0x80 | (cp & 0x3f));
+    } else if (cp < 0x10000) {
+      out += char(0xe0 | (cp >> 12)), out += char(0x80 | ((cp >> 6) & 0x3f)), out += char(0x80 | (cp & 0x3f));
+    } else {
+      out += char(0xf0 | (cp >> 18)), out += char(0x80 | ((cp >> 12) & 0x3f));
+      out += char(0x80 | ((cp >> 6) & 0x3f)), out += char(0x80 | (cp & 0x3f));
+    }
   }
 
   std::string_view in_;
   std::string_view source_;
   size_t pos_ = 0;
-  std::string out_;
-  size_t copied_ = 0;  // in_[0, copied_) is already in out_
 };
 
-Json from_yaml(const YAML::Node& n, std::string_view source);
-
-Json bare_scalar(const std::string& s, std::string_view source) {
-  if (s == "true") return Json(true);
-  if (s == "false") return Json(false);
-  if (s == "null") return Json();
+// A number the grammar passed: an exact integer where it is one (int64, else uint64), a double.
+Json bare_scalar(std::string_view s, std::string_view source) {
   const char* b = s.data();
   const char* e = b + s.size();
   if (s.find_first_of(".eE") == std::string::npos) {
@@ -276,57 +292,13 @@ Json bare_scalar(const std::string& s, std::string_view source) {
   double d;
   auto r = std::from_chars(b, e, d);
   if (r.ec != std::errc() || r.ptr != e)
-    throw_user_error(source, ": invalid JSON: number ", s, " out of range");
+    throw_user_error(source, ": invalid JSON: number ", std::string(s), " out of range");
   return Json(d);
-}
-
-Json from_yaml(const YAML::Node& n, std::string_view source) {
-  switch (n.Type()) {
-    case YAML::NodeType::Null:
-      return Json();
-    case YAML::NodeType::Scalar:
-      // Quoted scalars carry the non-specific tag "!", plain ones "?": a string vs. a number.
-      return n.Tag() == "!" ? Json(n.Scalar()) : bare_scalar(n.Scalar(), source);
-    case YAML::NodeType::Sequence: {
-      Json::Array a;
-      a.reserve(n.size());
-      for (const auto& e : n) a.push_back(from_yaml(e, source));
-      return Json(std::move(a));
-    }
-    case YAML::NodeType::Map: {
-      Json::Object o;
-      o.reserve(n.size());
-      for (const auto& kv : n) o.emplace_back(kv.first.Scalar(), from_yaml(kv.second, source));
-      std::vector<std::string_view> keys;
-      keys.reserve(o.size());
-      for (const auto& [k, v] : o) keys.push_back(k);
-      std::sort(keys.begin(), keys.end());
-      auto dup = std::adjacent_find(keys.begin(), keys.end());
-      if (dup != keys.end())
-        throw_user_error(source, ": invalid JSON: duplicate key \"", *dup, "\"");
-      return Json(std::move(o));
-    }
-    case YAML::NodeType::Undefined:
-      break;
-  }
-  throw_user_error(source, ": invalid JSON: undefined node");
 }
 
 }  // namespace
 
-YAML::Node parse_json_yaml(std::string_view text, std::string_view source) {
-  std::string yaml_text = JsonScanner(text, source).run();
-  try {
-    return YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    throw_user_error(source, ": invalid JSON: ", e.msg, " (line ", e.mark.line + 1, ", column ",
-                     e.mark.column + 1, ")");
-  }
-}
-
-Json parse_json(std::string_view text, std::string_view source) {
-  return from_yaml(parse_json_yaml(text, source), source);
-}
+Json parse_json(std::string_view text, std::string_view source) { return JsonReader(text, source).run(); }
 
 Json read_json_file(const std::filesystem::path& path) {
   return parse_json(read_small_file(path, "", kConfigFileCap), path.string());
