@@ -30,6 +30,7 @@ Examples:
   mop plan --config configs/q3moe-8l.yaml
   mop plan --config configs/qwen3-30b-a3b.yaml --gpus 8 --search
   mop calibrate --out machine.yaml
+  mop emulate --config configs/moe-1t.yaml --gpus 96 --nodes 12 --layers 8
   mop train --config configs/q3moe-8l.yaml --machine machine.yaml --set train.plan=auto
   mop prepare-data --input corpus.txt --output data/corpus --split blank-line
   mop prepare-data --random-tokens 100000000 --vocab-size 151936 --output data/random
@@ -40,6 +41,17 @@ Examples:
   mop score --checkpoint checkpoints/run --tokens tokens.txt --out logits.bin
   mop score --checkpoint checkpoints/run --text held_out.txt
 )";
+
+// The options that say which job `mop plan` and `mop emulate` are about: its config and the
+// machine and ranks it runs on (train/commands.h's plan_target).
+void add_job_options(CLI::App* cmd, std::string& config, std::vector<std::string>& overrides, std::string& machine,
+                     int& gpus, int& nodes) {
+  cmd->add_option("-c,--config", config, "YAML config file")->required();
+  cmd->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
+  cmd->add_option("--machine", machine, "Machine file of the job's machine (mop calibrate writes one); default: this machine with GPUs, else built-in h200 (cpu for train.device: cpu)");
+  cmd->add_option("--gpus", gpus, "Ranks (GPUs) of the job in all; default: the config's foldings, or every GPU of --nodes")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--nodes", nodes, "Nodes of the job; default: the machine file's")->check(CLI::Range(1, 1 << 16));
+}
 
 }  // namespace
 
@@ -67,11 +79,7 @@ int main(int argc, char** argv) {
 
   mop::PlanArgs plan;
   auto* pl = app.add_subcommand("plan", "Where every component runs, the memory per rank and the predicted step time; --search ranks every plan");
-  pl->add_option("-c,--config", plan.config, "YAML config file")->required();
-  pl->add_option("--set", plan.overrides, "Override a config key: section.key=value (repeatable)");
-  pl->add_option("--machine", plan.machine, "Machine file (mop calibrate writes one); default: built-in h200 (cpu for train.device: cpu)");
-  pl->add_option("--gpus", plan.gpus, "Ranks (GPUs) in all; default: the config's foldings, or every GPU of --nodes")->check(CLI::Range(1, 1 << 20));
-  pl->add_option("--nodes", plan.nodes, "Nodes; default: the machine file's")->check(CLI::Range(1, 1 << 16));
+  add_job_options(pl, plan.config, plan.overrides, plan.machine, plan.gpus, plan.nodes);
   pl->add_flag("--search", plan.search, "Rank every plan the keys the config leaves open allow, and say why the others do not fit");
   pl->add_flag("--json", plan.json, "Print JSON instead of text");
   pl->add_option("--top", plan.top, "--search: how many plans to list")->check(CLI::Range(1, 1 << 20));
@@ -80,11 +88,7 @@ int main(int argc, char** argv) {
 
   mop::EmulateArgs emu;
   auto* em = app.add_subcommand("emulate", "Run one rank of a job planned for another machine (e.g. 96 GPUs) on this device, its collectives stand-ins, and compare its memory and time with the plan");
-  em->add_option("-c,--config", emu.config, "YAML config file")->required();
-  em->add_option("--set", emu.overrides, "Override a config key: section.key=value (repeatable)");
-  em->add_option("--machine", emu.machine, "Machine file of the job's machine; default: built-in h200 (cpu for train.device: cpu)");
-  em->add_option("--gpus", emu.gpus, "Ranks (GPUs) of the job in all; default: the config's foldings, or every GPU of --nodes")->check(CLI::Range(1, 1 << 20));
-  em->add_option("--nodes", emu.nodes, "Nodes of the job; default: the machine file's")->check(CLI::Range(1, 1 << 16));
+  add_job_options(em, emu.config, emu.overrides, emu.machine, emu.gpus, emu.nodes);
   em->add_option("--rank", emu.rank, "The rank to run; default 0")->check(CLI::Range(0, (1 << 20) - 1));
   em->add_option("--routing", emu.routing, "What the other ranks send this rank's experts: balanced, zipf:S (expert e's share ∝ 1/(e+1)^S), or a router histogram file (log.router_histogram of mop train)");
   em->add_option("--steps", emu.steps, "Steps to run; the first is a warm-up (default 3)")->check(CLI::Range(1, 1000));
