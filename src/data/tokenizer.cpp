@@ -235,7 +235,8 @@ std::string nfc(std::string_view text) {
   UErrorCode status = U_ZERO_ERROR;
   const UNormalizer2* norm = unorm2_getNFCInstance(&status);
   MOP_CHECK(U_SUCCESS(status), "ICU NFC: ", u_errorName(status));
-  MOP_CHECK(text.size() < size_t(INT32_MAX / 2), "text too long for ICU: ", text.size());
+  MOP_USER_CHECK(text.size() < size_t(INT32_MAX / 2), "a text of ", text.size(), " bytes is too long to normalise "
+                 "(NFC) in one piece: at most ", INT32_MAX / 2 - 1, " bytes per document or line");
   std::u16string in(text.size(), u'\0');
   int32_t in_len = 0;
   u_strFromUTF8(in.data(), int32_t(in.size()), &in_len, text.data(), int32_t(text.size()), &status);
