@@ -50,7 +50,7 @@ bool scales_with_layers(OpCategory c) {
 struct Measured {
   int rank = 0;
   Plan plan;  // the trainer's (planned again where the backend's workspaces took more)
-  MemoryPlan planned, allocated;
+  MemoryPlan allocated;
   double device_in_use = 0;  // the device's own count after each step, the most (GPU runs)
   double host_resident = 0;  // the process's peak resident memory
   OpTimes times;             // per step, mean over the timed steps
@@ -108,7 +108,6 @@ Measured run_rank(const Config& cfg, const Machine& machine, int world, int rank
   Measured m;
   m.rank = rank;
   m.plan = trainer.plan();
-  m.planned = trainer.plan().memory_of_rank(rank);
   m.allocated = trainer.allocated_memory();
   const Device dev = trainer.plan().run.device;
   for (int s = 1; s <= steps; ++s) {
