@@ -59,7 +59,7 @@ __device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v)
 
 // Top-k key: the probability's bits above ~expert. For p ≥ 0 the bits order like the values, and
 // ~e makes the lower index win a tie, exactly the reference's order. 0 marks an expert already
-// taken (or a lane past E): every real key is larger, its low word being ≥ ~255.
+// taken (or a lane past E): every real key is larger, its low word being ≥ ~1023.
 __device__ __forceinline__ unsigned long long topk_key(float p, int e) {
   return (static_cast<unsigned long long>(__float_as_uint(p)) << 32) | static_cast<unsigned>(~e);
 }
@@ -339,9 +339,15 @@ void launch_router_fwd(int32_t* topk_idx, float* topk_w, float* probs, float* ls
   else if (per_lane <= 4)
     router_fwd_launch<4>(topk_idx, topk_w, probs, lse, logits, num_tokens, num_experts, top_k,
                          renormalize, stream);
-  else
+  else if (per_lane <= 8)
     router_fwd_launch<8>(topk_idx, topk_w, probs, lse, logits, num_tokens, num_experts, top_k,
                          renormalize, stream);
+  else if (per_lane <= 16)
+    router_fwd_launch<16>(topk_idx, topk_w, probs, lse, logits, num_tokens, num_experts, top_k,
+                          renormalize, stream);
+  else
+    router_fwd_launch<32>(topk_idx, topk_w, probs, lse, logits, num_tokens, num_experts, top_k,
+                          renormalize, stream);
   MOP_CUDA_CHECK_LAUNCH();
 }
 
@@ -363,9 +369,15 @@ void launch_router_bwd(float* dlogits, const float* dtopk_w, const float* probs,
   else if (per_lane <= 4)
     router_bwd_launch<4>(dlogits, dtopk_w, probs, lse, topk_idx, topk_w, aux_grad, z_grad_scale,
                          num_tokens, num_experts, top_k, renormalize, stream);
-  else
+  else if (per_lane <= 8)
     router_bwd_launch<8>(dlogits, dtopk_w, probs, lse, topk_idx, topk_w, aux_grad, z_grad_scale,
                          num_tokens, num_experts, top_k, renormalize, stream);
+  else if (per_lane <= 16)
+    router_bwd_launch<16>(dlogits, dtopk_w, probs, lse, topk_idx, topk_w, aux_grad, z_grad_scale,
+                          num_tokens, num_experts, top_k, renormalize, stream);
+  else
+    router_bwd_launch<32>(dlogits, dtopk_w, probs, lse, topk_idx, topk_w, aux_grad, z_grad_scale,
+                          num_tokens, num_experts, top_k, renormalize, stream);
   MOP_CUDA_CHECK_LAUNCH();
 }
 

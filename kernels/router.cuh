@@ -12,8 +12,9 @@
 
 namespace mop::kernels {
 
-// One warp holds a token's E probabilities in registers, at most 8 per lane.
-constexpr int kRouterMaxExperts = 256;
+// One warp holds a token's E probabilities in registers, at most 32 per lane (the permutation's
+// kPlanMaxExperts).
+constexpr int kRouterMaxExperts = 1024;
 
 // probs [T,E] = softmax(logits [T,E]); lse [T]; topk_idx / topk_w [T,K]: the K largest
 // probabilities in descending order, equal probabilities → lower expert index first; weights

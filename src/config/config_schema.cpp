@@ -75,7 +75,9 @@ std::vector<FieldSpec> config_schema(Config& c) {
   s.f("model.init_std", m.init_std, 1e-6, 1, "Standard deviation of the normal initialisation of weight matrices.");
 
   auto& e = c.moe;
-  s.i("moe.num_experts", e.num_experts, 1, 65536, "Routed experts per MoE layer.");
+  s.i("moe.num_experts", e.num_experts, 1, 1024,
+      "Routed experts per MoE layer (at most 1,024: the GPU router keeps a token's scores in "
+      "registers).");
   s.i("moe.top_k", e.top_k, 1, 65536, "Experts each token is routed to.");
   s.i("moe.expert_ffn", e.expert_ffn, 1, kMaxDim, "FFN width of one routed expert (moe_intermediate_size).");
   s.b("moe.renormalize", e.renormalize, "Renormalise the top-k router probabilities to sum to 1 (norm_topk_prob).");

@@ -65,6 +65,9 @@ TEST_CASE("config: bad input names the path and value", "[cpu][config]") {
         "cfg.yaml:2: model.hidden_size: -3 is out of range (1 to 1048576)");
   CHECK(error_of("model:\n  hidden_size: 99999999999999999999999\n") ==
         "cfg.yaml:2: model.hidden_size: 99999999999999999999999 is out of range (1 to 1048576)");
+  // The GPU router and permutation hold at most 1,024 experts: more is refused at load time.
+  CHECK(error_of("moe:\n  num_experts: 1025\n") ==
+        "cfg.yaml:2: moe.num_experts: 1025 is out of range (1 to 1024)");
   CHECK(error_of("model:\n  hidden_size: [1, 2]\n") ==
         "cfg.yaml:2: model.hidden_size: expected a single int value");
   CHECK(error_of("model: 5\n") == "cfg.yaml:1: model: expected a mapping of keys");
