@@ -80,6 +80,7 @@ const std::vector<Field>& fields() {
       {"device.grouped_fwd_tflops", Kind::Table, 1e12, dtab(&D::grouped_fwd), "by rows per expert"},
       {"device.grouped_dgrad_tflops", Kind::Table, 1e12, dtab(&D::grouped_dgrad), "by rows per expert"},
       {"device.grouped_wgrad_tflops", Kind::Table, 1e12, dtab(&D::grouped_wgrad), "by rows per expert"},
+      {"device.grouped_by_experts", Kind::Table, 1, dtab(&D::grouped_experts), "factor by local experts"},
       {"device.grouped_shape", Kind::Text, 1, [](Machine& m) -> void* { return &m.device.grouped_shape; }, ""},
       {"device.attention_fwd_tflops", Kind::Table, 1e12, dtab(&D::attention_fwd), "causal, by sequence"},
       {"device.attention_bwd_tflops", Kind::Table, 1e12, dtab(&D::attention_bwd), "causal, by sequence"},
@@ -164,6 +165,8 @@ Machine h200() {
   d.grouped_dgrad = tab({{64, 164}, {128, 324}, {256, 434}, {512, 545}, {1024, 642}, {2048, 634}}, 1e12);
   d.grouped_wgrad = tab({{64, 56}, {128, 107}, {256, 199}, {512, 328}, {1024, 455}, {2048, 505}}, 1e12);
   d.grouped_shape = "E=128 H=2048 F=768, gate/up and down";
+  // By the local experts a call holds, at 1,024 rows each (2026-12-04, the same kernels).
+  d.grouped_experts = tab({{4, 0.950}, {8, 1.046}, {16, 1.086}, {32, 1.150}, {64, 1.087}, {128, 1}}, 1);
   d.attention_fwd = tab({{1024, 268}, {4096, 541}, {16384, 665}, {65536, 609}, {131072, 572}}, 1e12);
   d.attention_bwd = tab({{1024, 189}, {4096, 438}, {16384, 547}, {65536, 543}, {131072, 531}}, 1e12);
   d.attention_block_fwd = tab({{1024, 520}, {4096, 675}, {16384, 697}, {32768, 664}}, 1e12);
@@ -378,8 +381,10 @@ std::string machine_yaml(const Machine& m0) {
       if (!sec.empty()) os << sec << ":\n";
       section = sec;
     }
-    os << (sec.empty() ? "" : "  ") << key << ": ";
     void* p = f.at(m);
+    if (f.kind == Kind::Table && static_cast<RateTable*>(p)->empty())
+      continue;  // absent: the base's
+    os << (sec.empty() ? "" : "  ") << key << ": ";
     switch (f.kind) {
       case Kind::Number: os << fmt_number(*static_cast<double*>(p) / f.unit); break;
       case Kind::Int: os << *static_cast<int*>(p); break;

@@ -35,6 +35,9 @@ struct DeviceSpec {
   // Grouped expert GEMM (FLOP/s) by rows per expert, measured at grouped_shape's K → N.
   RateTable grouped_fwd, grouped_dgrad, grouped_wgrad;
   std::string grouped_shape;  // e.g. "E=32 K=2048 N=1536": what the tables were measured on
+  // A factor on those rates by the experts one call holds (a rank's local experts), 1 at
+  // grouped_shape's E; empty: 1 throughout.
+  RateTable grouped_experts;
   // Attention (FLOP/s, heads × 128) by sequence length: causal forward / backward, and the
   // non-causal blocks of ring attention.
   RateTable attention_fwd, attention_bwd, attention_block_fwd, attention_block_bwd;

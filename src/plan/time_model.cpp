@@ -76,9 +76,11 @@ class Model {
     const double f = 2 * rows * n * k;
     if (f <= 0) return;
     const double calls = std::max(1.0, std::round(rows / rows_per_call));
-    const double per_expert = rows_per_call / double(std::max<int64_t>(1, p_.dims.experts / p_.ep));
+    const double local = double(std::max<int64_t>(1, p_.dims.experts / p_.ep));
+    const double per_expert = rows_per_call / local;
     const RateTable& t = pass == Pass::Fwd ? d_.grouped_fwd : pass == Pass::Dgrad ? d_.grouped_dgrad : d_.grouped_wgrad;
-    charge(OpCategory::Experts, f / t.at(std::max(1.0, per_expert)) * slowdown + calls * d_.launch_seconds);
+    const double by_experts = d_.grouped_experts.empty() ? 1.0 : d_.grouped_experts.at(local);
+    charge(OpCategory::Experts, f / (t.at(std::max(1.0, per_expert)) * by_experts) * slowdown + calls * d_.launch_seconds);
     flop(f);
   }
   void mem(OpCategory cat, double bytes, double bw) {

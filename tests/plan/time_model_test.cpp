@@ -30,6 +30,7 @@ Machine synthetic() {
                        &d.attention_block_bwd})
     *t = flat(kFlops);
   d.lm_head_fwd = d.lm_head_bwd = flat(kFlops);
+  d.grouped_experts = RateTable{};  // the grouped rates whatever the local experts
   d.copy_bw = d.norm_bw = d.rope_bw = d.swiglu_bw = d.permute_bw = d.router_bw = d.embedding_bw = kBw;
   d.adamw_bw = d.reduce_bw = kBw;
   d.launch_seconds = d.sync_seconds = 0;
@@ -135,6 +136,28 @@ TEST_CASE("time model: the expert exchange hides behind the experts in chunks", 
   CHECK(experts2.comm_exposed >= experts2.comm_total / 2);  // the first dispatch, the last combine
   // Overlapped collectives slow the experts they share the device with.
   CHECK(seconds(slow, OpCategory::Experts) > seconds(two, OpCategory::Experts));
+}
+
+TEST_CASE("time model: the experts' rates scale by the local experts a call holds", "[cpu][plan]") {
+  // 8 experts at ep 2: 4 per rank. A by-experts factor of 2 at 4 (interpolated in log size
+  // between [2, 4] and [8, 1]) halves the grouped GEMMs' time; SwiGLU (memory-bound) keeps its.
+  const Config cfg = config(
+      "\nparallel: {attention: {cp: 1, dp: 2}, moe: {ep: 2, dp: 1}}\ntrain: {global_batch_size: 4, "
+      "micro_batch_size: 2, device: cuda}");
+  Machine m = synthetic();
+  const Plan plain = make_plan(cfg, m, 2);
+  m.device.grouped_experts = RateTable{{{2, 4}, {4, 2}, {8, 1}}};
+  const Plan faster = make_plan(cfg, m, 2);
+  const double T = 2 * 128, K = 2, H = 64, F = 32, Fd = 48, moe = 2, c = 2,
+               mb = plain.micro_batches;
+  const double gemm = mb * 2 * T * K * H * 3 * F * moe * 3 / kFlops;
+  const double swiglu = mb * (T * K * F * moe + T * Fd) * c * 8 / kBw;
+  CHECK(seconds(plain, OpCategory::Experts) == Approx(gemm + swiglu).epsilon(kRel));
+  CHECK(seconds(faster, OpCategory::Experts) == Approx(gemm / 2 + swiglu).epsilon(kRel));
+  // Written to a machine file and read back, the table is the same; a machine without it keeps 1.
+  const Machine back = parse_machine(machine_yaml(m), "m.yaml");
+  CHECK(back.device.grouped_experts.points == m.device.grouped_experts.points);
+  CHECK(machine_yaml(synthetic()).find("grouped_by_experts") == std::string::npos);
 }
 
 TEST_CASE("time model: gradient sums hide behind the backward of the earlier segments", "[cpu][plan]") {
