@@ -94,6 +94,9 @@ int main(int argc, char** argv) {
   em->add_option("--steps", emu.steps, "Steps to run; the first is a warm-up (default 3)")->check(CLI::Range(1, 1000));
   em->add_option("--layers", emu.layers, "Run the rank with this many of its layers (where the host cannot hold its whole share); the plan's full-depth figures are printed beside")->check(CLI::Range(1, 1 << 16));
   em->add_flag("--json", emu.json, "Print JSON instead of text");
+  em->add_option(
+      "--trace", emu.trace,
+      "Write a Chrome trace (chrome://tracing, Perfetto) of the rank's last step to this file");
 
   mop::CalibrateArgs cal;
   auto* ca = app.add_subcommand("calibrate", "Measure this machine (GEMMs, attention, memory-bound ops, copies, host AdamW, collectives under mpirun) into a machine file for mop plan");

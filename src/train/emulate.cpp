@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "ckpt/json.h"
 #include "core/error.h"
@@ -302,6 +303,8 @@ int cmd_emulate(const EmulateArgs& args) {
   }
   MOP_USER_CHECK(full.run.device == Device::CPU || gpu_count() > 0, "the plan runs on ", machine.device.name,
                  " GPUs and this machine has no GPU: emulate on one, or plan a CPU job (--set train.device=cpu)");
+  MOP_USER_CHECK(args.trace.empty() || std::ofstream(args.trace, std::ios::app).good(), "--trace ", args.trace,
+                 ": cannot write to it");
   write_random_tokens(ecfg);
   const Mesh mesh = Mesh::of(eplan.cfg, world);
   std::vector<int> ranks = {args.rank};
@@ -314,7 +317,24 @@ int cmd_emulate(const EmulateArgs& args) {
     if (loaded != args.rank) ranks.push_back(loaded);
   }
   std::vector<Measured> measured;
-  for (int r : ranks) measured.push_back(run_rank(ecfg, machine, world, r, routing, args.steps));
+  for (int r : ranks) {
+    // --trace: the rank asked for traces its last step (the trainer writes it into the scratch
+    // checkpoint directory); the most-loaded rank runs untraced.
+    Config rcfg = ecfg;
+    if (!args.trace.empty() && r == args.rank) {
+      rcfg.train.profile_step = args.steps;
+      std::filesystem::create_directories(rcfg.checkpoint.dir);
+    }
+    measured.push_back(run_rank(rcfg, machine, world, r, routing, args.steps));
+    if (rcfg.train.profile_step > 0) {
+      const std::string written =
+          rcfg.checkpoint.dir + "/trace_step_" + std::to_string(args.steps) + ".json";
+      std::error_code ec;
+      std::filesystem::copy_file(written, args.trace,
+                                 std::filesystem::copy_options::overwrite_existing, ec);
+      MOP_USER_CHECK(!ec, "--trace ", args.trace, ": cannot write it (", ec.message(), ")");
+    }
+  }
 
   const AttentionCoord a = mesh.attention(args.rank);
   const MoeCoord mc = mesh.moe(args.rank);

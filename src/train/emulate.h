@@ -26,6 +26,7 @@ struct EmulateArgs {
   std::string routing = "balanced";  // balanced | zipf:S | a router histogram file
   int steps = 3;   // the first is a warm-up; the report averages the others
   int layers = 0;  // > 0: emulate the rank with this many of its layers
+  std::string trace;  // non-empty: a Chrome trace of the rank's last step, written here
   bool json = false;
 };
 int cmd_emulate(const EmulateArgs& args);

@@ -234,8 +234,10 @@ void Trainer::build() {
 
   check_plan_memory();
   const MemoryPlan& m = plan_.memory_of_rank(world_.rank);
+  // The whole model's counts (layout_ holds this rank's experts only).
+  const ModelLayout whole = ModelLayout::build(ModelDims::from(cfg_));
   spdlog::info("model: {} layers, {:.2f}M parameters ({:.2f}M active per token) | {} | data: {}",
-               cfg_.model.num_layers, layout_.num_params() / 1e6, layout_.num_active_params() / 1e6,
+               cfg_.model.num_layers, whole.num_params() / 1e6, whole.num_active_params() / 1e6,
                plan_.run.describe(), loader_->summary());
   spdlog::info("memory per rank: weights+grads {}, optimizer state {} + {} on the host, "
                "activations {}, backend workspaces {} = {} planned | batch: {} sequences × {} "
@@ -253,7 +255,7 @@ void Trainer::build() {
     spdlog::info("optimizer state: {:.2f}M parameters on the host ({}), {:.2f}M on the {}; host "
                  "update ≈ {:.0f} ms per step at {:.1f} G params/s{}",
                  plan_.host_params / 1e6, format_bytes(double(m.host_optimizer_state) * 4 / 3),
-                 (layout_.num_params() - plan_.host_params) / 1e6, device_name(plan_.run.device),
+                 (whole.num_params() - plan_.host_params) / 1e6, device_name(plan_.run.device),
                  1e3 * double(plan_.host_params) / h.adamw_one_pass, h.adamw_one_pass / 1e9,
                  cfg_.optim.overlap
                      ? fmt::format(" (new weights after ≈ {:.0f} ms with two passes), overlapped "
@@ -459,7 +461,8 @@ Trainer::StepLosses Trainer::compute_gradients() {
 }
 
 void Trainer::train_step(StepMetrics& sm) {
-  const bool profile = cfg_.train.profile_step == step_ + 1 && world_.is_root();
+  // The root traces; an emulated rank (whichever) traces itself.
+  const bool profile = cfg_.train.profile_step == step_ + 1 && (world_.is_root() || world_.standin);
   HostPipeline* host = schedule_->host_pipeline();
   if (profile) {
     timed_->start_trace();

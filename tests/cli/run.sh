@@ -164,6 +164,17 @@ ok = d['world'] == 4 and d['layers'] == 1 and 'plan_full_depth' in d and r['memo
 sys.exit(0 if ok else 1)" || { echo "FAIL: mop emulate --json"; cat emulate.json | head -20; failures=$((failures + 1)); }
 expect 0 "done at step 2" -- train --config good.yaml --set train.steps=2 --set checkpoint.dir=ckpt_hist --set log.router_histogram=hist.json
 expect 0 "router histogram hist.json" -- emulate $E --routing hist.json
+# --trace: a Chrome trace of the emulated rank's last step (rank 3 here, not the root), with its
+# ops on the compute stream; a path it cannot write is refused before the run.
+"$mop" emulate $E --rank 3 --trace emulate_trace.json > /dev/null 2>&1
+python3 -c "
+import json, sys
+d = json.load(open('emulate_trace.json'))
+ev = d['traceEvents'] if isinstance(d, dict) else d
+names = {e.get('name') for e in ev}
+sys.exit(0 if 'grouped_gemm_fwd' in names and 'attention_fwd' in names else 1)" ||
+  { echo "FAIL: mop emulate --trace"; failures=$((failures + 1)); }
+expect 2 "--trace no-such-dir/t.json: cannot write to it" -- emulate $E --trace no-such-dir/t.json
 expect 2 "--rank 4: the job has 4 rank(s)" -- emulate $E --rank 4
 expect 2 "zipf:S" -- emulate $E --routing zipf:x
 expect 2 "--layers 3: 1 to 2" -- emulate $E --layers 3
