@@ -56,8 +56,12 @@ class GatedPipeline final : public HostPipeline {
 
 TEST_CASE("host pipeline: weights pass first; the next gradient copy waits for the state pass",
           "[cpu][schedule]") {
+  // Kept gradients (a tensor each; the recording hooks never read them).
+  float grads[2][4] = {};
   std::vector<HostParam> hp(2);
   hp[0].segment = 0, hp[1].segment = 1;
+  for (int i = 0; i < 2; ++i)
+    hp[size_t(i)].param = i, hp[size_t(i)].grad = Tensor(grads[i], DType::F32, {4});
   GatedPipeline off(hp);
   const std::vector<AdamWArgs> args(2);
   off.grads_final(0);
