@@ -198,11 +198,12 @@ std::string back_to_back(const std::function<void()>& fn, cudaStream_t stream, d
   return buf;
 }
 
-// E = 128 experts × `rows` each; w [E,N,K]. fwd y = x·wᵀ, bwd_data dx = dy·w, bwd_weight dw +=
-// dyᵀ·x.
-void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows) {
+// E experts (default 128) × `rows` each; w [E,N,K]. fwd y = x·wᵀ, bwd_data dx = dy·w, bwd_weight
+// dw += dyᵀ·x.
+void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows,
+                   int64_t e_count = kExperts) {
   CudaOps ops;
-  const int64_t e_count = kExperts, r_total = e_count * rows;
+  const int64_t r_total = e_count * rows;
   const std::vector<bf16> hx = random_bf16(r_total * k, 11, 1),
                           hw = random_bf16(e_count * n * k, 12, 1);
   const std::vector<bf16> hdy = random_bf16(r_total * n, 13, 1);
@@ -215,7 +216,8 @@ void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows) {
   for (int64_t e = 0; e <= e_count; ++e) offs[size_t(e)] = int32_t(e * rows);
   const Tensor offsets(offs.data(), DType::I32, {e_count + 1}, Device::CPU);
   const double flops = 2.0 * double(r_total) * double(n) * double(k);
-  const std::string tag = std::string(shape) + " E128x" + std::to_string(rows);
+  const std::string tag =
+      std::string(shape) + " E" + std::to_string(e_count) + "x" + std::to_string(rows);
   auto sample = [&](int s, int64_t mod) { return int64_t(splitmix(uint64_t(s)) % uint64_t(mod)); };
 
   const char* config = getenv("MOP_GROUPED_GEMM_CONFIG");
@@ -305,6 +307,13 @@ MOP_BENCH("grouped gemm q3moe-8l experts") {
     bench_grouped("gate_up 2048->1536", 2 * kExpertFfn, kHidden, rows);
     bench_grouped("down     768->2048", kHidden, kExpertFfn, rows);
   }
+}
+
+// configs/moe-1t.yaml's experts as one rank of its 96-GPU plan runs them: 384 experts over ep 12
+// (32 per rank), hidden 4096, FFN 2048, the exchange in 4 chunks of 2,048 rows per expert.
+MOP_BENCH("grouped gemm moe-1t experts") {
+  bench_grouped("gate_up 4096->4096", 4096, 4096, 2048, 32);
+  bench_grouped("down    2048->4096", 4096, 2048, 2048, 32);
 }
 
 // ---- fused LM head + cross-entropy
