@@ -18,6 +18,7 @@ Usage: python3 scripts/qwen_tokenizer_from_tiktoken.py --ranks qwen.tiktoken --o
 import argparse
 import base64
 import json
+import os
 import sys
 
 QWEN_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
@@ -112,6 +113,7 @@ def main():
     a = ap.parse_args()
     ranks = read_ranks(a.ranks)
     spec = build(ranks)
+    os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)  # e.g. runs/qwen-vocab/ of the docs
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(spec, f, ensure_ascii=False)
     print(f"wrote {a.out}: {len(spec['model']['vocab'])} tokens, {len(spec['model']['merges'])} merges, "
