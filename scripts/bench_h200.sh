@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU measurements of README: [gpu] parity tests, kernel benchmarks (each validates first),
+# The GPU measurements of docs/benchmarks.md: [gpu] parity tests, kernel benchmarks (each validates first),
 # and q3moe-8l training throughput at sequence 4096 and 16384 (32,768 tokens per step) — on
 # uniformly random tokens over the whole vocabulary first (balanced routing, what the FSDP2
 # baseline trains on), then on the byte-level KJV corpus beside it — and the FSDP2 baseline on the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Long-context benchmark (README, "A million tokens of context on one H200"): q3moe-8l, one
+# Long-context benchmark (docs/long-context.md): q3moe-8l, one
 # sequence per optimizer step, uniformly random tokens over the whole vocabulary, recompute on,
 # everything else the plan's choice for the machine (MoE/FFN chunks, which layers keep their
 # attention, which saved tensors go to host memory, where the optimizer state lives).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The multi-GPU measurements of README (one host, N GPUs, NCCL_NVLS_ENABLE=0):
+# The multi-GPU measurements of docs/benchmarks.md (one host, N GPUs, NCCL_NVLS_ENABLE=0):
 #   comm: the [mpi] parity tests on GPU ranks (N GPUs vs 1, bf16 tolerances; the measured
 #         differences are printed as warnings) and the all-to-all benchmark (expert dispatch vs
 #         NCCL's all-to-all at q3moe-8l's message sizes);

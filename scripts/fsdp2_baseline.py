@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch FSDP2 baseline for README's throughput table: the q3moe-8l geometry built with Hugging
+"""PyTorch FSDP2 baseline for the throughput tables of docs/benchmarks.md: the q3moe-8l geometry built with Hugging
 Face transformers (Qwen3MoeForCausalLM), fully_shard with bf16 compute and fp32 master weights,
 fused AdamW, on uniformly random tokens over the whole vocabulary, 32,768 tokens per optimizer step
 (micro-batches of one sequence, gradient accumulation), as mop's benchmark runs.

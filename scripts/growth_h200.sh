@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Progressive expert growth on one H200 (README, "Progressive expert growth"): q3moe-8l's geometry
+# Progressive expert growth on one H200 (docs/growth.md): q3moe-8l's geometry
 # (configs/q3moe-8l.yaml, 128 experts) on byte-level KJV with a 2% held-out split, 640 steps of
 # 32,768 tokens (4 micro-batches of 4K), all state on the GPU; fixed 128 experts against grown
 # 8 → 16 → 32 → 64 → 128 (moe.growth_from: 8, moments copied). One run fits a 10-minute call:

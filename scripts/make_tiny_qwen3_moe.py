@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes a small Hugging Face Qwen3-MoE model directory with its own tokenizer, for the README's
+"""Writes a small Hugging Face Qwen3-MoE model directory with its own tokenizer, for docs/hugging-face.md's
 end-to-end example (import-hf → prepare-data with the model's tokenizer → train → generate →
 export-hf) where the real Qwen3 files cannot be downloaded:
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Regenerates README.md's configuration table from `mop config-reference` (usage: BIN [README])."""
+"""Regenerates the configuration table of docs/configuration.md from `mop config-reference` (usage: BIN [FILE])."""
 import subprocess
 import sys
 
 mop = sys.argv[1] if len(sys.argv) > 1 else "build/mop"
-path = sys.argv[2] if len(sys.argv) > 2 else "README.md"
+path = sys.argv[2] if len(sys.argv) > 2 else "docs/configuration.md"
 table = subprocess.run([mop, "config-reference"], check=True, capture_output=True, text=True).stdout
 lines = open(path, encoding="utf-8").read().split("\n")
 start = lines.index("| key | type | default | meaning |")

@@ -229,7 +229,7 @@ HfImportedConfig hf_config_to_mop(const Json& hf, const std::string& where) {
   m.init_std = std::clamp(f.number("initializer_range", 0.02), 1e-6, 1.0);
   e.top_k = f.integer_as("num_experts_per_tok", "moe.top_k");
   // transformers' load-balancing loss, E·Σ_e f_e·P_e with f_e counting all top-k choices, is
-  // top_k at balance; mop's (README: E/(T·k)·Σ_e count_e·P_e) is 1. The same gradient takes
+  // top_k at balance; mop's (docs/hugging-face.md: E/(T·k)·Σ_e count_e·P_e) is 1. The same gradient takes
   // top_k × the coefficient. (transformers adds it only with output_router_logits: true.)
   e.aux_loss_coef = f.number("router_aux_loss_coef", 1e-3) * double(e.top_k);
   e.z_loss_coef = 0;  // neither model has a router z-loss

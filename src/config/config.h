@@ -193,7 +193,7 @@ void validate_parallel(const Config& cfg, int world_size);
 // The resolved configuration as YAML (every key, defaults filled in), loadable again.
 std::string dump_config(const Config& cfg);
 
-// Markdown table of every key: path, type, default, description (README's config reference).
+// Markdown table of every key: path, type, default, description (docs/configuration.md).
 std::string config_reference_markdown();
 
 // " (did you mean moe.top_k?)" for the nearest of `known` to a mistyped (dotted) name, or "" when

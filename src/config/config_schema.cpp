@@ -1,5 +1,5 @@
 // Every configuration key: where it lives, its type and range, and what it means. This table is
-// the single source of the README's configuration reference (`mop config-reference`).
+// the single source of the configuration reference in docs/configuration.md (`mop config-reference`).
 #include <cstdint>
 
 #include "config/schema.h"

@@ -1,5 +1,5 @@
 // The config schema: one entry per YAML key, bound to a field of a Config instance, with its type,
-// valid range or choices and documentation. Parsing, dumping and the README reference all walk it.
+// valid range or choices and documentation. Parsing, dumping and the reference in docs/configuration.md all walk it.
 #pragma once
 
 #include <string>

@@ -141,7 +141,7 @@ RateTable tab(std::initializer_list<std::pair<double, double>> pts, double unit)
 
 // One node of 8 H200s (141 GB HBM3e each, NVLink 4, one NDR 400 Gb/s NIC per GPU) with 2 TiB of
 // host memory and 112 cores. The device and PCIe figures are what `mop calibrate` measured on one
-// H200 of the H200 machine (README "The plan"; the grouped expert GEMMs re-measured on
+// H200 of the H200 machine (docs/plan.md; the grouped expert GEMMs re-measured on
 // 2026-12-01 with the CUTLASS sm90 kernels). Not measured here: the 8-GPU NVLink collectives
 // (nccl-tests' published H100/H200 bus bandwidths), the network (90% of a 400 Gb/s link per GPU),
 // and a full node's host: the AdamW rates of a rank are share_builtin_host's (8 ranks on 112
@@ -369,7 +369,7 @@ Machine load_machine(const std::string& path) {
 std::string machine_yaml(const Machine& m0) {
   Machine m = m0;
   std::ostringstream os;
-  os << "# mop machine description (mop calibrate, or by hand; see README \"The plan\").\n";
+  os << "# mop machine description (mop calibrate, or by hand; see docs/plan.md).\n";
   os << "base: " << (m.device.kind == Device::CPU ? "cpu" : "h200") << "\n";
   std::string section;
   for (const Field& f : fields()) {

@@ -1,6 +1,6 @@
 // Kernel benchmark harness (mop_bench): each case validates its kernel against the CPU reference
 // first, then times it with CUDA events (L2 flushed before every timed launch) and prints time,
-// TFLOP/s or GB/s and the percentage of the measured H200 ceiling from DESIGN.md.
+// TFLOP/s or GB/s and the percentage of the H200 ceiling measured on the H200 machine.
 #pragma once
 
 #ifdef MOP_HAVE_CUDA
@@ -13,7 +13,7 @@
 
 namespace mop::bench {
 
-// Measured ceilings on the H200 (DESIGN.md); HBM is the spec value (no measured one yet).
+// Ceilings measured on the H200 machine; HBM is the spec value (no measured one yet).
 constexpr double kGemmTflops = 790;      // cuBLAS bf16 8192³ on random data
 constexpr double kAttnFwdTflops = 650;   // cuDNN flash attention fwd, hd 128 (610–685)
 constexpr double kAttnBwdTflops = 490;   // cuDNN flash attention bwd, hd 128 (455–530)

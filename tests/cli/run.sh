@@ -371,11 +371,11 @@ expect 0 "tokens drawn uniformly" -- prepare-data --random-tokens 5000 --vocab-s
 expect 0 "done at step 2" -- train --config tok.yaml --set "data.paths=[data/rand2k]" --set data.eos_id=-1 --set checkpoint.dir=ckpt_tok_rand --set checkpoint.init_from=ckpt_tok_hf --set train.steps=2
 check_same "$qtok" ckpt_tok_rand/step_2/tokenizer.json "a run on untokenized data from a checkpoint with a tokenizer dropped it"
 
-# The README's configuration table is the generated reference, line for line.
+# docs/configuration.md's table is the generated reference, line for line.
 "$mop" config-reference > reference.md
-missing=$(grep -vxF -f "$src/README.md" reference.md | head -n 3)
+missing=$(grep -vxF -f "$src/docs/configuration.md" reference.md | head -n 3)
 if [ -n "$missing" ]; then
-  echo "FAIL: README.md's configuration table is out of date (regenerate: python3 scripts/update_readme_config.py build/mop); e.g.:"
+  echo "FAIL: docs/configuration.md's table is out of date (regenerate: python3 scripts/update_readme_config.py build/mop); e.g.:"
   echo "$missing" | sed 's/^/    /'
   failures=$((failures + 1))
 fi

@@ -222,7 +222,7 @@ TEST_CASE("model: parameter names follow the Qwen3-MoE checkpoints", "[cpu][mode
     covered += n;
   }
   CHECK(covered == layout.num_params());
-  // q3moe-8l's active parameter count (DESIGN.md / the one-GPU issue): 766M without the embedding.
+  // q3moe-8l's active parameter count (the one-GPU issue): 766M without the embedding.
   Config q = load_config_text(R"(
 model: {vocab_size: 151936, hidden_size: 2048, num_layers: 8, num_heads: 32, num_kv_heads: 4, head_dim: 128}
 moe: {num_experts: 128, top_k: 8, expert_ffn: 768}
