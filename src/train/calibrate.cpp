@@ -181,8 +181,9 @@ GroupedRates grouped_rates(Ops& ops, Bench& b, int64_t E, int64_t H, int64_t F, 
 
 // Grouped expert GEMMs by rows per expert at 128 experts (the CPU backend: 8), then — at a fixed
 // number of rows per expert — by the experts one call holds (a rank's local experts: E / ep), as a
-// factor on those rates: at 16 experts × 2,048 rows the H200 ran q3moe-8l's expert GEMMs 31% faster
-// than the 128-expert table said (2026-12-03, an emulated rank of ep 8).
+// factor on those rates: in the step of an emulated ep-8 rank (16 experts × 2,048 rows) the H200 ran
+// q3moe-8l's expert GEMMs 31% faster than the 128-expert table said (2026-12-03); alone, 16 experts
+// run 1.09× the 128-expert rate (2026-12-04).
 void grouped_gemm(Ops& ops, Bench& b, DeviceSpec& d, bool gpu, bool root) {
   const int64_t E = gpu ? 128 : 8, H = gpu ? 2048 : 64, F = gpu ? 768 : 32;
   d.grouped_fwd.points.clear(), d.grouped_dgrad.points.clear(), d.grouped_wgrad.points.clear();
