@@ -36,7 +36,12 @@ class StandInComm final : public Comm {
   void all_gather(Tensor out, const Tensor& in) override {
     MOP_CHECK(out.bytes() == in.bytes() * size_t(size_), name_, " all_gather sizes");
     begin();
-    for (int r = 0; r < size_; ++r) copy(static_cast<char*>(out.data) + size_t(r) * in.bytes(), in.data, in.bytes());
+    // The rank's own chunk in every place, in log2(size) + 1 copies (each doubling what is filled)
+    // rather than one per rank: a group of 96 gathers each tensor in 8 copies instead of 96.
+    char* o = static_cast<char*>(out.data);
+    const size_t b = in.bytes();
+    copy(o, in.data, b);
+    for (size_t have = 1; have < size_t(size_); have *= 2) copy(o + have * b, o, std::min(have, size_t(size_) - have) * b);
   }
   void all_gather_expert_counts(Tensor out, const Tensor& in, int moe_layer) override {
     MOP_CHECK(in.dtype == DType::I32 && in.device == Device::CPU && out.numel() == in.numel() * size_,

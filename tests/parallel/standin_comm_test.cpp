@@ -33,6 +33,17 @@ TEST_CASE("stand-in comms: every call in its group's shapes, filled with this ra
   std::vector<float> in = iota(3), out(12, 0);
   cp->all_gather(Tensor(out.data(), DType::F32, {12}), Tensor(in.data(), DType::F32, {3}));
   for (int i = 0; i < 12; ++i) CHECK(out[size_t(i)] == in[size_t(i % 3)]);
+  // Groups of other sizes (the copies double what is filled: 1, 2, 4, … and the rest).
+  for (int n : {1, 3, 5, 7, 96}) {
+    const Mesh m(n, MeshDims{n, 1, n, 1});
+    auto job_n = std::make_shared<StandInJob>();
+    job_n->rank = n - 1, job_n->size = n;
+    std::unique_ptr<Comm> dp = make_standin_comm_factory(job_n)->data(m.group(GroupKind::Dp, n - 1), Device::CPU, Stream());
+    REQUIRE(dp->size() == n);
+    std::vector<float> got(size_t(3 * n), 0);
+    dp->all_gather(Tensor(got.data(), DType::F32, {3 * n}), Tensor(in.data(), DType::F32, {3}));
+    for (int i = 0; i < 3 * n; ++i) CHECK(got[size_t(i)] == in[size_t(i % 3)]);
+  }
 
   std::vector<float> whole = iota(12), mine(3, 0);
   cp->reduce_scatter_sum(Tensor(mine.data(), DType::F32, {3}), Tensor(whole.data(), DType::F32, {12}));
