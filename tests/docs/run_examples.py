@@ -6,7 +6,8 @@ before its opening fence:
 
   <!-- example: run -->      run as written
   <!-- example: ci -->       the test command itself (scripts/test.sh): not run, it is what runs this
-  <!-- example: gpu -->      needs an NVIDIA GPU: run as written where `nvidia-smi -L` lists one
+  <!-- example: gpu -->      needs an NVIDIA GPU (an H200 recipe, minutes to hours): run as written
+                             only where `nvidia-smi -L` lists one and MOP_GPU_EXAMPLES=1 asks for it
   <!-- example: cluster -->  needs several GPUs, nodes or Slurm: never run here
   <!-- example: variant
   commands that run instead (a small version of the block)
@@ -161,7 +162,9 @@ def main():
     if not os.path.isfile(os.path.join(bin_dir, "mop")):
         print(f"error: no mop binary in {bin_dir}")
         return 1
-    gpu = has_gpu() if any(b.kind == "gpu" for b in blocks) else False
+    # The GPU recipes are measurements that take minutes to hours: only when asked for.
+    want_gpu = os.environ.get("MOP_GPU_EXAMPLES") == "1"
+    gpu = want_gpu and any(b.kind == "gpu" for b in blocks) and has_gpu()
     env = dict(os.environ)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
 
@@ -189,7 +192,8 @@ def main():
                 skipped += 1
                 continue
             if b.kind == "gpu" and not gpu:
-                print(f"skipped (no GPU): {where}")
+                why = "MOP_GPU_EXAMPLES=1 not set" if not want_gpu else "no GPU"
+                print(f"skipped ({why}): {where}")
                 skipped += 1
                 continue
             script = b.commands if b.kind == "variant" else b.body
