@@ -12,7 +12,7 @@
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/file_io.h"
-#include "ckpt/hf_tensors.h"
+#include "model/hf_tensors.h"
 #include "ckpt/manifest.h"
 #include "ckpt/safetensors.h"
 #include "core/error.h"

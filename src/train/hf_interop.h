@@ -10,7 +10,7 @@
 #include <string>
 
 #include "ckpt/hf_config.h"
-#include "ckpt/hf_tensors.h"
+#include "model/hf_tensors.h"
 
 namespace mop {
 

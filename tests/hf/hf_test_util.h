@@ -1,5 +1,5 @@
 // Hugging Face model directories built by hand for the [hf] tests: config.json text and tensors
-// named as transformers names them (spelled out here, independently of src/ckpt/hf_tensors.cpp),
+// named as transformers names them (spelled out here, independently of src/model/hf_tensors.cpp),
 // written with our safetensors writer, one file or shards with model.safetensors.index.json.
 #pragma once
 

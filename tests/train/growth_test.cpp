@@ -10,7 +10,7 @@
 
 #include "catch.h"
 #include "ckpt/checkpoint_dir.h"
-#include "ckpt/hf_tensors.h"
+#include "model/hf_tensors.h"
 #include "ckpt/manifest.h"
 #include "config/config.h"
 #include "core/error.h"

@@ -1,6 +1,6 @@
 // Hugging Face tensor names and files (see hf_tensors.h): the name mapping is built from
 // ModelLayout::hf_views, so it follows the model's parameters wherever they change.
-#include "ckpt/hf_tensors.h"
+#include "model/hf_tensors.h"
 
 #include <algorithm>
 #include <cstdio>
