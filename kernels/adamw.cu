@@ -28,7 +28,7 @@ __device__ __forceinline__ float grad_to_float(G g) {
     return g;
 }
 
-// cpu_adamw.cpp's adamw_impl, operation for operation.
+// src/ops/cpu/adamw.cpp's adamw_impl, operation for operation.
 __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float grad,
                                               const AdamWConstants& c) {
   const float g = __fmul_rn(grad, c.grad_scale);

@@ -1,8 +1,8 @@
-// Elementwise and reduction kernels of the pointwise family: fill, dtype conversion, add, sum and
-// sum of squares (deterministic two-stage reduction) and SwiGLU forward/backward, all bf16/f32 data
-// with fp32 (reductions: fp64) math. Launchers take the destination first and the stream last,
-// check their preconditions and the launch, and never allocate. Under __CUDACC__ this header also
-// holds the device helpers the family's other .cu files share (vector loads, bf16 packing, sums).
+// Elementwise and reduction kernels: fill, dtype conversion, add, sum and sum of squares
+// (deterministic two-stage reduction), on bf16/f32/f64 data with fp32 (reductions: fp64) math.
+// Launchers take the destination first and the stream last, check their preconditions and the
+// launch, and never allocate. Under __CUDACC__ this header also holds the device helpers the other
+// .cu files share (vector loads, bf16 packing, sums).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -34,13 +34,6 @@ constexpr int kReduceMaxBlocks = 1024;
 // that sums them in order.
 void reduce_sum(void* out, DType out_dtype, const void* x, DType x_dtype, int64_t n, bool square,
                 double* partials, cudaStream_t stream);
-
-// h[r, c] = silu(g[r, c]) · u[r, c] with gu = [g | u]: h is [rows, width], gu [rows, 2·width].
-void swiglu_fwd(__nv_bfloat16* h, const __nv_bfloat16* gu, int64_t rows, int64_t width,
-                cudaStream_t stream);
-// dgu = [dg | du] from dh [rows, width] and gu [rows, 2·width]; dgu may alias gu.
-void swiglu_bwd(__nv_bfloat16* dgu, const __nv_bfloat16* dh, const __nv_bfloat16* gu, int64_t rows,
-                int64_t width, cudaStream_t stream);
 
 }  // namespace mop::kernels
 

@@ -1,7 +1,7 @@
 // Hopper grouped expert GEMMs on CUTLASS's sm90 "ptr-array" grouped kernels (TMA loads, WGMMA,
 // warp-specialized and persistent over the tiles of all experts): one launch per call, whatever
 // the number of rows per expert. Built only with the CUTLASS headers and sm_90a
-// (MOP_HAVE_CUTLASS_SM90); cuda_ops_gemm.cpp falls back to cuBLAS without them. Plain
+// (MOP_HAVE_CUTLASS_SM90); src/ops/cuda/grouped_gemm.cpp falls back to cuBLAS without them. Plain
 // declarations only, so host C++ files include this header.
 #pragma once
 

@@ -2,7 +2,7 @@
 // experts striped over the lanes (expert e at lane e % 32, register e / 32), so the softmax sums
 // and the top-k argmax rounds are warp shuffles. The aux loss sums probability columns per row
 // chunk, then the chunks in order in one block. No float atomics anywhere: bitwise reproducible.
-// Where the CPU reference (src/ops/cpu_router.cpp) sums in order, the kernels do too, with
+// Where the CPU reference (src/ops/cpu/router.cpp) sums in order, the kernels do too, with
 // __fmul_rn/__fadd_rn so nvcc does not contract a·b + c into an FMA the reference does not have.
 #include "kernels/router.cuh"
 

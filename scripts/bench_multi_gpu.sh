@@ -33,7 +33,7 @@ for part in $parts; do
     comm)
       MOP_TEST_DEVICE=cuda timeout 240 bash -c "$(declare -f run); n=$n; run -x MOP_TEST_DEVICE \"$bin/mop_tests\" \"[mpi]\"" > "$out/mpi_gpu.log" 2>&1
       echo "[mpi] on $n GPUs: exit $?" | tee -a "$out/summary.txt"
-      timeout 120 bash -c "$(declare -f run); n=$n; run \"$bin/mop_tests\" \"[alltoall]\"" > "$out/alltoall.log" 2>&1
+      timeout 120 bash -c "$(declare -f run); n=$n; run \"$bin/mop_bench\" alltoall" > "$out/alltoall.log" 2>&1
       echo "all-to-all benchmark: exit $?" | tee -a "$out/summary.txt" ;;
     ep)
       for seq in ${EP_SEQS:-16384 32768}; do

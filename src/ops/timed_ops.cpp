@@ -11,20 +11,6 @@
 
 namespace mop {
 
-const char* op_category_name(OpCategory c) {
-  switch (c) {
-    case OpCategory::Attention: return "attention";
-    case OpCategory::DenseGemm: return "dense GEMMs";
-    case OpCategory::Experts: return "experts";
-    case OpCategory::RouterPermute: return "router/permute";
-    case OpCategory::Loss: return "LM head+loss";
-    case OpCategory::Optimizer: return "optimizer";
-    case OpCategory::Communication: return "communication";
-    case OpCategory::Other: return "other";
-  }
-  return "?";
-}
-
 double OpTimes::total() const {
   double t = 0;
   for (double s : seconds) t += s;
@@ -90,7 +76,9 @@ struct TimedOps::Clock {
   }
 };
 
-TimedOps::TimedOps(std::unique_ptr<Ops> inner) : inner_(std::move(inner)), clock_(new Clock) {
+TimedOps::TimedOps(std::unique_ptr<Ops> inner)
+    : Ops(inner->shared_backend()), inner_(std::move(inner)), clock_(new Clock) {
+  set_observer(this);
   clock_->stream = inner_->stream();
   if (!clock_->stream.is_null()) {
     const Device d = clock_->stream.device();
@@ -186,109 +174,6 @@ OpTimes TimedOps::collect() {
   OpTimes out = clock_->acc;
   clock_->acc = OpTimes{};
   return out;
-}
-
-// Each forwarding method times its op under one category.
-#define MOP_TIMED(cat, call)     \
-  do {                           \
-    begin(OpCategory::cat, #call); \
-    inner_->call;            \
-    end();                   \
-  } while (0)
-
-void TimedOps::fill(Tensor x, double v) { MOP_TIMED(Other, fill(x, v)); }
-void TimedOps::copy(Tensor dst, const Tensor& src) { MOP_TIMED(Other, copy(dst, src)); }
-void TimedOps::add(Tensor out, const Tensor& a, const Tensor& b) { MOP_TIMED(Other, add(out, a, b)); }
-void TimedOps::sumsq(Tensor out, const Tensor& x) { MOP_TIMED(Optimizer, sumsq(out, x)); }
-void TimedOps::sum(Tensor out, const Tensor& x) { MOP_TIMED(Loss, sum(out, x)); }
-void TimedOps::gemm(Tensor c, const Tensor& a, bool ta, const Tensor& b, bool tb, float alpha, float beta) {
-  MOP_TIMED(DenseGemm, gemm(c, a, ta, b, tb, alpha, beta));
-}
-void TimedOps::grouped_gemm_fwd(Tensor y, const Tensor& x, const Tensor& w, const Tensor& o) {
-  MOP_TIMED(Experts, grouped_gemm_fwd(y, x, w, o));
-}
-void TimedOps::grouped_gemm_bwd_data(Tensor dx, const Tensor& dy, const Tensor& w, const Tensor& o) {
-  MOP_TIMED(Experts, grouped_gemm_bwd_data(dx, dy, w, o));
-}
-void TimedOps::grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& o,
-                                       bool accumulate) {
-  MOP_TIMED(Experts, grouped_gemm_bwd_weight(dw, dy, x, o, accumulate));
-}
-void TimedOps::embedding_fwd(Tensor out, const Tensor& ids, const Tensor& table) {
-  MOP_TIMED(Other, embedding_fwd(out, ids, table));
-}
-void TimedOps::embedding_bwd(Tensor dtable, const Tensor& ids, const Tensor& dout) {
-  MOP_TIMED(Other, embedding_bwd(dtable, ids, dout));
-}
-void TimedOps::rmsnorm_fwd(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) {
-  MOP_TIMED(Other, rmsnorm_fwd(y, rstd, x, w, eps));
-}
-void TimedOps::rmsnorm_bwd(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                           const Tensor& rstd, bool acc) {
-  MOP_TIMED(Other, rmsnorm_bwd(dx, dw, dy, x, w, rstd, acc));
-}
-void TimedOps::rope_fwd(Tensor x, const Tensor& pos, float theta) { MOP_TIMED(Attention, rope_fwd(x, pos, theta)); }
-void TimedOps::rope_bwd(Tensor dx, const Tensor& pos, float theta) { MOP_TIMED(Attention, rope_bwd(dx, pos, theta)); }
-void TimedOps::attention_fwd(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                             int batch, float scale, bool causal) {
-  MOP_TIMED(Attention, attention_fwd(out, lse, q, k, v, batch, scale, causal));
-}
-void TimedOps::attention_bwd(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
-                             const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                             int batch, float scale, bool causal) {
-  MOP_TIMED(Attention, attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, batch, scale, causal));
-}
-void TimedOps::attention_merge(Tensor out_acc, Tensor lse_acc, const Tensor& o, const Tensor& lse,
-                               int batch) {
-  MOP_TIMED(Attention, attention_merge(out_acc, lse_acc, o, lse, batch));
-}
-void TimedOps::swiglu_fwd(Tensor h, const Tensor& gu) { MOP_TIMED(Experts, swiglu_fwd(h, gu)); }
-void TimedOps::swiglu_bwd(Tensor dgu, const Tensor& dh, const Tensor& gu) { MOP_TIMED(Experts, swiglu_bwd(dgu, dh, gu)); }
-void TimedOps::router_fwd(Tensor idx, Tensor w, Tensor probs, Tensor lse, const Tensor& logits, bool renorm) {
-  MOP_TIMED(RouterPermute, router_fwd(idx, w, probs, lse, logits, renorm));
-}
-void TimedOps::router_bwd(Tensor dlogits, const Tensor& dw, const Tensor& probs, const Tensor& lse,
-                          const Tensor& idx, const Tensor& w, const Tensor& aux_grad, float z, bool renorm) {
-  MOP_TIMED(RouterPermute, router_bwd(dlogits, dw, probs, lse, idx, w, aux_grad, z, renorm));
-}
-void TimedOps::moe_aux_loss(Tensor losses, Tensor aux_grad, const Tensor& probs, const Tensor& lse,
-                            const Tensor& counts, int k, float aux, float z) {
-  MOP_TIMED(RouterPermute, moe_aux_loss(losses, aux_grad, probs, lse, counts, k, aux, z));
-}
-void TimedOps::moe_route_plan(Tensor counts, Tensor offsets, Tensor perm, Tensor slot, const Tensor& idx) {
-  MOP_TIMED(RouterPermute, moe_route_plan(counts, offsets, perm, slot, idx));
-}
-void TimedOps::moe_permute_fwd(Tensor xp, const Tensor& x, const Tensor& perm) {
-  MOP_TIMED(RouterPermute, moe_permute_fwd(xp, x, perm));
-}
-void TimedOps::moe_permute_bwd(Tensor dx, const Tensor& dxp, const Tensor& slot, int k, bool acc) {
-  MOP_TIMED(RouterPermute, moe_permute_bwd(dx, dxp, slot, k, acc));
-}
-void TimedOps::moe_unpermute_fwd(Tensor y, const Tensor& yp, const Tensor& slot, const Tensor& w, bool acc) {
-  MOP_TIMED(RouterPermute, moe_unpermute_fwd(y, yp, slot, w, acc));
-}
-void TimedOps::moe_unpermute_bwd(Tensor dyp, Tensor dw, const Tensor& dy, const Tensor& yp,
-                                 const Tensor& slot, const Tensor& w) {
-  MOP_TIMED(RouterPermute, moe_unpermute_bwd(dyp, dw, dy, yp, slot, w));
-}
-void TimedOps::lmhead_ce_fwd(Tensor loss, Tensor lse, const Tensor& x, const Tensor& w,
-                             const Tensor& targets, Tensor ws) {
-  MOP_TIMED(Loss, lmhead_ce_fwd(loss, lse, x, w, targets, ws));
-}
-void TimedOps::lmhead_ce_bwd(Tensor dx, Tensor dw, const Tensor& x, const Tensor& w,
-                             const Tensor& targets, const Tensor& lse, float scale, Tensor ws) {
-  MOP_TIMED(Loss, lmhead_ce_bwd(dx, dw, x, w, targets, lse, scale, ws));
-}
-void TimedOps::lmhead_ce_fwd_bwd(Tensor loss, Tensor lse, Tensor dx, Tensor dw, const Tensor& x,
-                                 const Tensor& w, const Tensor& targets, float scale, Tensor ws) {
-  MOP_TIMED(Loss, lmhead_ce_fwd_bwd(loss, lse, dx, dw, x, w, targets, scale, ws));
-}
-void TimedOps::adamw_step(Tensor p, Tensor m, Tensor v, const Tensor& g, const AdamWArgs& a) {
-  MOP_TIMED(Optimizer, adamw_step(p, m, v, g, a));
-}
-void TimedOps::adamw_step_cast(Tensor p, Tensor m, Tensor v, const Tensor& g, const AdamWArgs& a,
-                               Tensor w) {
-  MOP_TIMED(Optimizer, adamw_step_cast(p, m, v, g, a, w));
 }
 
 }  // namespace mop

@@ -1,5 +1,6 @@
-// TimedOps: an Ops decorator that measures where a step's time goes, by op category (attention,
-// dense GEMMs, experts, router/permute, loss, optimizer, communication, other). On the GPU each
+// TimedOps: an Ops front that measures where a step's time goes, by op category (attention,
+// dense GEMMs, experts, router/permute, loss, optimizer, communication, other; op_list.inc gives
+// each op's). On the GPU each
 // op is bracketed by timing events on the backend's stream (read once per step, so timing does
 // not serialise the stream); on the CPU by wall-clock time around the (synchronous) op.
 #pragma once
@@ -12,12 +13,6 @@
 #include "ops/ops.h"
 
 namespace mop {
-
-enum class OpCategory : uint8_t {
-  Attention, DenseGemm, Experts, RouterPermute, Loss, Optimizer, Communication, Other
-};
-constexpr int kNumOpCategories = 8;
-const char* op_category_name(OpCategory c);
 
 enum class StepPhase : uint8_t { Forward, Backward, Optimizer };
 constexpr int kNumStepPhases = 3;
@@ -37,7 +32,9 @@ struct OpTimes {
   std::string describe() const;  // "attention 120 ms (31%) | experts ..."
 };
 
-class TimedOps final : public Ops {
+// An Ops front on the same backend as `inner` that times every op it issues (as their observer);
+// ops issued through inner() are not timed.
+class TimedOps final : public Ops, private OpObserver {
  public:
   explicit TimedOps(std::unique_ptr<Ops> inner);
   ~TimedOps() override;
@@ -61,63 +58,10 @@ class TimedOps final : public Ops {
   std::vector<TraceEvent> stop_trace();
   double trace_host_start() const;  // steady-clock seconds at start_trace()
 
-  Device device() const override { return inner_->device(); }
-  void synchronize() override { inner_->synchronize(); }
-  Stream stream() const override { return inner_->stream(); }
-  void prepare(const OpShapes& s) override { inner_->prepare(s); }
-  size_t workspace_bytes() const override { return inner_->workspace_bytes(); }
-
-  void fill(Tensor x, double v) override;
-  void copy(Tensor dst, const Tensor& src) override;
-  void add(Tensor out, const Tensor& a, const Tensor& b) override;
-  void sumsq(Tensor out, const Tensor& x) override;
-  void sum(Tensor out, const Tensor& x) override;
-  void gemm(Tensor c, const Tensor& a, bool ta, const Tensor& b, bool tb, float alpha, float beta) override;
-  void grouped_gemm_fwd(Tensor y, const Tensor& x, const Tensor& w, const Tensor& o) override;
-  void grouped_gemm_bwd_data(Tensor dx, const Tensor& dy, const Tensor& w, const Tensor& o) override;
-  void grouped_gemm_bwd_weight(Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& o,
-                               bool accumulate = true) override;
-  void embedding_fwd(Tensor out, const Tensor& ids, const Tensor& table) override;
-  void embedding_bwd(Tensor dtable, const Tensor& ids, const Tensor& dout) override;
-  void rmsnorm_fwd(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) override;
-  void rmsnorm_bwd(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w,
-                   const Tensor& rstd, bool acc) override;
-  void rope_fwd(Tensor x, const Tensor& pos, float theta) override;
-  void rope_bwd(Tensor dx, const Tensor& pos, float theta) override;
-  void attention_fwd(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                     int batch, float scale, bool causal) override;
-  void attention_bwd(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
-                     const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                     int batch, float scale, bool causal) override;
-  void attention_merge(Tensor out_acc, Tensor lse_acc, const Tensor& o, const Tensor& lse,
-                       int batch) override;
-  void swiglu_fwd(Tensor h, const Tensor& gu) override;
-  void swiglu_bwd(Tensor dgu, const Tensor& dh, const Tensor& gu) override;
-  void router_fwd(Tensor idx, Tensor w, Tensor probs, Tensor lse, const Tensor& logits, bool renorm) override;
-  void router_bwd(Tensor dlogits, const Tensor& dw, const Tensor& probs, const Tensor& lse,
-                  const Tensor& idx, const Tensor& w, const Tensor& aux_grad, float z,
-                  bool renorm) override;
-  void moe_aux_loss(Tensor losses, Tensor aux_grad, const Tensor& probs, const Tensor& lse,
-                    const Tensor& counts, int k, float aux, float z) override;
-  void moe_route_plan(Tensor counts, Tensor offsets, Tensor perm, Tensor slot, const Tensor& idx) override;
-  void moe_permute_fwd(Tensor xp, const Tensor& x, const Tensor& perm) override;
-  void moe_permute_bwd(Tensor dx, const Tensor& dxp, const Tensor& slot, int k, bool acc) override;
-  void moe_unpermute_fwd(Tensor y, const Tensor& yp, const Tensor& slot, const Tensor& w, bool acc) override;
-  void moe_unpermute_bwd(Tensor dyp, Tensor dw, const Tensor& dy, const Tensor& yp,
-                         const Tensor& slot, const Tensor& w) override;
-  void lmhead_ce_fwd(Tensor loss, Tensor lse, const Tensor& x, const Tensor& w,
-                     const Tensor& targets, Tensor ws) override;
-  void lmhead_ce_bwd(Tensor dx, Tensor dw, const Tensor& x, const Tensor& w, const Tensor& targets,
-                     const Tensor& lse, float scale, Tensor ws) override;
-  void lmhead_ce_fwd_bwd(Tensor loss, Tensor lse, Tensor dx, Tensor dw, const Tensor& x,
-                         const Tensor& w, const Tensor& targets, float grad_scale,
-                         Tensor workspace) override;
-  void adamw_step(Tensor p, Tensor m, Tensor v, const Tensor& g, const AdamWArgs& a) override;
-  void adamw_step_cast(Tensor p, Tensor m, Tensor v, const Tensor& g, const AdamWArgs& a,
-                       Tensor w) override;
-
  private:
   struct Clock;  // CUDA events or host time
+  void op_begin(OpId id) override { begin(op_info(id).category, op_info(id).name); }
+  void op_end() override { end(); }
   void begin(OpCategory c, const char* call);
   void end();
   std::unique_ptr<Ops> inner_;

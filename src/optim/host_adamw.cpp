@@ -1,5 +1,5 @@
 // Host AdamW kernels (scalar, AVX2, AVX-512), run-time ISA dispatch and the pool submission.
-// Bitwise identity with ops/cpu_adamw.cpp rests on: the same float operations in the same order,
+// Bitwise identity with ops/cpu/adamw.cpp rests on: the same float operations in the same order,
 // each rounded once (IEEE add/sub/mul/div/sqrt are correctly rounded, so a lane of vdivps or
 // vsqrtps equals divss or sqrtss); no fused multiply-add; the same MXCSR (the pool runs chunks
 // under the submitter's floating-point environment); bf16 conversions done with the same integer
@@ -8,7 +8,7 @@
 // GCC's intrinsics are written as generic vector arithmetic (`a * b`), and GCC contracts a·b + c
 // into one FMA whenever the target has it — target("avx512f") implies FMA (checked with g++ 12,
 // even under -std=c++20) — which rounds once instead of twice and changes bits. This file-scope
-// pragma, placed before the includes as in cpu_adamw.cpp, keeps every multiply and add separate
+// pragma, placed before the includes as in ops/cpu/adamw.cpp, keeps every multiply and add separate
 // (checked with objdump: no vfmadd in this object).
 #pragma GCC optimize("fp-contract=off")
 

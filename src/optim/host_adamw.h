@@ -1,4 +1,4 @@
-// Host AdamW: the reference AdamW step (ops/cpu_adamw.cpp) on fp32 master weights, m and v in
+// Host AdamW: the reference AdamW step (ops/cpu/adamw.cpp) on fp32 master weights, m and v in
 // host (pinned) memory, with bf16 or fp32 gradients, optionally writing the updated weights
 // rounded to bf16 for the GPU. Kernels for AVX-512, AVX2 and plain scalar code, picked at run time
 // from the CPU's features, each bitwise identical to the reference for every input; a ThreadPool

@@ -302,7 +302,7 @@ void bench_grouped(const char* shape, int64_t n, int64_t k, int64_t rows,
          "one gemm [R,K].[N,K]^T" + back_to_back(fn, ops.cuda_stream(), flops));
 }
 
-MOP_BENCH("grouped gemm q3moe-8l experts") {
+MOP_BENCH("grouped_gemm q3moe-8l experts") {
   for (int64_t rows : {256, 1024}) {
     bench_grouped("gate_up 2048->1536", 2 * kExpertFfn, kHidden, rows);
     bench_grouped("down     768->2048", kHidden, kExpertFfn, rows);
@@ -311,7 +311,7 @@ MOP_BENCH("grouped gemm q3moe-8l experts") {
 
 // configs/moe-1t.yaml's experts as one rank of its 96-GPU plan runs them: 384 experts over ep 12
 // (32 per rank), hidden 4096, FFN 2048, the exchange in 4 chunks of 2,048 rows per expert.
-MOP_BENCH("grouped gemm moe-1t experts") {
+MOP_BENCH("grouped_gemm moe-1t experts") {
   bench_grouped("gate_up 4096->4096", 4096, 4096, 2048, 32);
   bench_grouped("down    2048->4096", 4096, 2048, 2048, 32);
 }
@@ -319,7 +319,7 @@ MOP_BENCH("grouped gemm moe-1t experts") {
 // ---- fused LM head + cross-entropy
 // ---------------------------------------------------------------
 
-MOP_BENCH("lmhead_ce q3moe-8l T = 4096, chunk 1024") {
+MOP_BENCH("lmhead q3moe-8l T = 4096, chunk 1024") {
   CudaOps ops;
   const int64_t t_count = kTokens, h = kHidden, v_count = kVocab;
   // w small enough that logits are O(1), as in a trained model.

@@ -1,15 +1,18 @@
-// mop_bench: runs every registered kernel benchmark (or those whose name contains argv[1]).
+// mop_bench: runs every registered benchmark (or those whose name contains argv[1]): CPU cases
+// always, GPU cases where a CUDA device is. Exit 77 when a selected case needs a GPU this machine
+// lacks and nothing else ran.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "bench.h"
 
 #ifdef MOP_HAVE_CUDA
-
-#include <algorithm>
-
-#include "runtime/cuda_check.h"
 #include "core/memory.h"
+#include "runtime/cuda_check.h"
+#endif
 
 namespace mop::bench {
 
@@ -18,6 +21,18 @@ std::vector<Case>& registry() {
   return cases;
 }
 
+double best_seconds(const std::function<void()>& fn, int repeats) {
+  fn();
+  double best = 1e30;
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+#ifdef MOP_HAVE_CUDA
 double time_ms(const std::function<void()>& fn, cudaStream_t stream, int iters) {
   // A buffer larger than the H200's 60 MB L2, rewritten before each timed launch.
   static Buffer flush(MemKind::Device, size_t(256) << 20);
@@ -57,19 +72,37 @@ void report(const std::string& name, bool valid, double ms, double flops, double
   std::fflush(stdout);
 }
 
+#endif  // MOP_HAVE_CUDA
+
 }  // namespace mop::bench
 
-int main(int argc, char** argv) {
+namespace {
+// Whether a CUDA device is here (a build without CUDA has none); `why` says what is missing.
+bool have_gpu(std::string& why) {
+#ifdef MOP_HAVE_CUDA
   int n = 0;
   const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess || n == 0) {  // no GPU, or no driver for one
-    std::printf("mop_bench: no CUDA device here (%s)\n",
-                err != cudaSuccess ? cudaGetErrorString(err) : "none found");
-    return 77;
-  }
-  int failures = 0;
+  if (err == cudaSuccess && n > 0) return true;
+  why = err != cudaSuccess ? cudaGetErrorString(err) : "none found";
+  return false;
+#else
+  why = "a build without CUDA";
+  return false;
+#endif
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string why;
+  const bool gpu = have_gpu(why);
+  int failures = 0, ran = 0, skipped = 0;
   for (auto& c : mop::bench::registry()) {
     if (argc > 1 && !std::strstr(c.name.c_str(), argv[1])) continue;
+    if (c.gpu && !gpu) {
+      ++skipped;
+      continue;
+    }
+    ++ran;
     try {
       c.run();
     } catch (const std::exception& e) {
@@ -77,12 +110,8 @@ int main(int argc, char** argv) {
       ++failures;
     }
   }
-  return failures ? 1 : 0;
+  if (skipped)
+    std::printf("mop_bench: %d GPU case(s) skipped: no CUDA device here (%s)\n", skipped, why.c_str());
+  if (failures) return 1;
+  return ran == 0 && skipped > 0 ? 77 : 0;
 }
-
-#else
-int main() {
-  std::printf("mop_bench needs a CUDA build\n");
-  return 77;
-}
-#endif

@@ -196,11 +196,11 @@ void permute_case(int64_t tokens, const PermuteValid& valid) {
 
 }  // namespace
 
-MOP_BENCH("moe_router") {
+MOP_BENCH("router") {
   for (int64_t tokens : {4096, 16384}) router_case(tokens);
 }
 
-MOP_BENCH("moe_route_plan") {
+MOP_BENCH("moe_permute route plan") {
   for (int64_t tokens : {4096, 16384}) route_plan_case(tokens);
 }
 

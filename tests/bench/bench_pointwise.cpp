@@ -105,22 +105,22 @@ void bench_rmsnorm(int64_t rows, int64_t cols) {
   report("rmsnorm_bwd [" + dims(rows, cols) + "]", bwd_valid, bwd_ms, 0, bwd_bytes, kHbmGBps);
 }
 
-MOP_BENCH("pointwise rmsnorm T=4096") {
+MOP_BENCH("rmsnorm T=4096") {
   bench_rmsnorm(4096, kHidden);
 }
-MOP_BENCH("pointwise rmsnorm T=16384") {
+MOP_BENCH("rmsnorm T=16384") {
   bench_rmsnorm(16384, kHidden);
 }
-MOP_BENCH("pointwise rmsnorm q-norm T=4096") {
+MOP_BENCH("rmsnorm q-norm T=4096") {
   bench_rmsnorm(4096 * 32, 128);
 }
-MOP_BENCH("pointwise rmsnorm q-norm T=16384") {
+MOP_BENCH("rmsnorm q-norm T=16384") {
   bench_rmsnorm(16384 * 32, 128);
 }
 
 // ---- SwiGLU -----------------------------------------------------------------------------------
 
-MOP_BENCH("pointwise swiglu") {
+MOP_BENCH("swiglu") {
   CudaOps ops;
   const int64_t rows = 32768, width = 768;
   const HostTensor gu = pw::random_f32({rows, 2 * width}, 11, -4, 4);
@@ -144,7 +144,7 @@ MOP_BENCH("pointwise swiglu") {
 
 // ---- RoPE -------------------------------------------------------------------------------------
 
-MOP_BENCH("pointwise rope") {
+MOP_BENCH("rope") {
   CudaOps ops;
   const int64_t tokens = 4096, heads = 32, dim = 128;
   const float theta = 1e6f;
@@ -219,7 +219,7 @@ bool validate_embedding(CudaOps& ops, int64_t tokens, bool zipf) {
       scale.ptr<float>()[ids.ptr<int32_t>()[t] * hidden + h] +=
           float(std::fabs(dout.get(t * hidden + h)));
   const HostTensor got = test::download(dtable.t);
-  bool ok = pw::bitwise_equal(test::download(out.t), pw::as_dtype(out_ref, DType::BF16));
+  bool ok = test::bitwise_equal(test::download(out.t), pw::as_dtype(out_ref, DType::BF16));
   for (int64_t i = 0; i < vocab * hidden && ok; ++i)
     ok = std::fabs(got.get(i) - dtable_ref.get(i)) <= kLongRunRtol * 1.001 * scale.get(i);
   return ok;
@@ -248,19 +248,19 @@ void bench_embedding(int64_t tokens, bool zipf) {
          std::to_string(distinct) + " distinct ids");
 }
 
-MOP_BENCH("pointwise embedding T=4096") {
+MOP_BENCH("embedding T=4096") {
   bench_embedding(4096, false);
 }
-MOP_BENCH("pointwise embedding T=16384") {
+MOP_BENCH("embedding T=16384") {
   bench_embedding(16384, false);
 }
-MOP_BENCH("pointwise embedding zipf T=16384") {
+MOP_BENCH("embedding zipf T=16384") {
   bench_embedding(16384, true);
 }
 
 // ---- AdamW ------------------------------------------------------------------------------------
 
-MOP_BENCH("pointwise adamw") {
+MOP_BENCH("adamw") {
   CudaOps ops;
   AdamWArgs args;
   args.lr = 3e-4f;
@@ -277,9 +277,9 @@ MOP_BENCH("pointwise adamw") {
     DeviceTensor d_v = pw::upload_at(v, DType::F32), d_g = pw::upload_at(grad, DType::F32);
     pw::cpu().adamw_step(param, m, v, grad, args);
     ops.adamw_step(d_p.t, d_m.t, d_v.t, d_g.t, args);
-    valid = pw::bitwise_equal(test::download(d_p.t), param) &&
-            pw::bitwise_equal(test::download(d_m.t), m) &&
-            pw::bitwise_equal(test::download(d_v.t), v);
+    valid = test::bitwise_equal(test::download(d_p.t), param) &&
+            test::bitwise_equal(test::download(d_m.t), m) &&
+            test::bitwise_equal(test::download(d_v.t), v);
   }
   const int64_t n = 400'000'000;
   DeviceTensor param(DType::F32, {n}), m(DType::F32, {n}), v(DType::F32, {n}),

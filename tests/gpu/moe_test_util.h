@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpu/gpu_test_util.h"
+#include "ops/ops_test_util.h"
 
 namespace mop::test {
 
@@ -27,11 +28,6 @@ inline bool skip_without_gpu() {
   if (gpu_available()) return false;
   std::fprintf(stderr, "no CUDA device: [gpu][moe] case skipped\n");
   return true;
-}
-
-inline bool bitwise_equal(const HostTensor& a, const HostTensor& b) {
-  return a.t.dtype == b.t.dtype && a.numel() == b.numel() &&
-         std::memcmp(a.t.data, b.t.data, a.t.bytes()) == 0;
 }
 
 // topk_idx [T,K] with K distinct experts per token drawn from [0, E) minus `skip` (-1: none).

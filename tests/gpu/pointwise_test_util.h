@@ -13,6 +13,7 @@
 #include <string>
 
 #include "gpu/gpu_test_util.h"
+#include "ops/ops_test_util.h"
 
 namespace mop::test::pw {
 
@@ -76,11 +77,6 @@ inline DeviceTensor poisoned(DType dtype, std::initializer_list<int64_t> dims, i
   poison(d.t);
   settle();
   return d;
-}
-
-inline bool bitwise_equal(const HostTensor& a, const HostTensor& b) {
-  return a.t.dtype == b.t.dtype && a.numel() == b.numel() &&
-         std::memcmp(a.t.data, b.t.data, a.t.bytes()) == 0;
 }
 
 inline std::string number(double x) {

@@ -81,7 +81,8 @@ inline double max_abs(const HostTensor& x) {
 }
 
 inline bool bitwise_equal(const HostTensor& a, const HostTensor& b) {
-  return a.t.bytes() == b.t.bytes() && std::memcmp(a.t.data, b.t.data, a.t.bytes()) == 0;
+  return a.t.dtype == b.t.dtype && a.numel() == b.numel() &&
+         std::memcmp(a.t.data, b.t.data, a.t.bytes()) == 0;
 }
 
 // Checks the analytic gradient `grad` of input `x` against central differences of `loss`, for
