@@ -14,6 +14,15 @@
 #include "ops/cuda_ops.h"
 #include "test_util.h"
 
+// Returns from a [gpu] test case, with a warning, where no CUDA device is.
+#define MOP_REQUIRE_GPU()              \
+  do {                                 \
+    if (!gpu_available()) {            \
+      WARN("no CUDA device: skipped"); \
+      return;                          \
+    }                                  \
+  } while (0)
+
 namespace mop::test {
 
 // A device tensor with its own allocation.

@@ -5,39 +5,18 @@
 #include <cmath>
 #include <vector>
 
+#include "ops/attention_test_util.h"
 #include "ops/ops_test_util.h"
 
 namespace reference {
 using namespace mop;
 using namespace mop::test;
+using namespace mop::test::attn;
 
 namespace {
 
 // fp64 evaluations of the same formula in a different order differ by a few ulps of O(1) values.
 constexpr double kFp64Tol = 1e-12;
-
-struct AttnCase {
-  int batch;
-  int64_t seq, num_q_heads, num_kv_heads, head_dim;
-  int64_t tokens() const { return batch * seq; }
-};
-
-struct AttnTensors {
-  HostTensor q, k, v, out, lse;
-  AttnTensors(DType dt, const AttnCase& c, uint64_t seed, bool bf16_exact)
-      : q(dt, {c.tokens(), c.num_q_heads, c.head_dim}),
-        k(dt, {c.tokens(), c.num_kv_heads, c.head_dim}),
-        v(dt, {c.tokens(), c.num_kv_heads, c.head_dim}),
-        out(dt, {c.tokens(), c.num_q_heads, c.head_dim}),
-        lse(acc_dtype(dt), {c.batch, c.num_q_heads, c.seq}) {
-    for (HostTensor* t : {&q, &k, &v}) {
-      if (bf16_exact)
-        fill_uniform(*t, seed++, -2, 2);
-      else
-        fill_random(*t, seed++, -2, 2);
-    }
-  }
-};
 
 }  // namespace
 
@@ -141,14 +120,6 @@ using namespace mop;
 using namespace mop::test;
 
 namespace {
-
-#define MOP_REQUIRE_GPU()              \
-  do {                                 \
-    if (!gpu_available()) {            \
-      WARN("no CUDA device: skipped"); \
-      return;                          \
-    }                                  \
-  } while (0)
 
 }  // namespace
 

@@ -141,30 +141,6 @@ constexpr double kBf16Ulp = 1.0 / 128;
 // product.
 constexpr double kF32AddUlp = 1.0 / (1 << 23);
 
-#define MOP_REQUIRE_GPU()              \
-  do {                                 \
-    if (!gpu_available()) {            \
-      WARN("no CUDA device: skipped"); \
-      return;                          \
-    }                                  \
-  } while (0)
-
-// Integers in [lo, hi], as f32.
-HostTensor int_tensor(std::initializer_list<int64_t> dims, uint64_t seed, int lo = -3, int hi = 3) {
-  HostTensor t(DType::F32, dims);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.set(i, double(lo + int(philox_u64(seed, 5, uint64_t(i)) % uint64_t(hi - lo + 1))));
-  // A draw of all zeros (likely for tiny tensors) would make the comparison vacuous.
-  if (t.numel() > 0 && max_abs(t) == 0) t.set(0, 1.0);
-  REQUIRE((t.numel() == 0 || max_abs(t) > 0));
-  return t;
-}
-
-HostTensor rounded_to_bf16(HostTensor t) {
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, round_bf16(float(t.get(i))));
-  return t;
-}
-
 }  // namespace
 
 TEST_CASE("cuda gemm equals the CPU reference: transposes, c dtype, alpha, beta, odd shapes",
@@ -192,7 +168,7 @@ TEST_CASE("cuda gemm equals the CPU reference: transposes, c dtype, alpha, beta,
             HostTensor c0 = int_tensor({m, n}, ++seed);
             HostTensor ref = c0;
             cpu_ops().gemm(ref, a, ta, b, tb, alpha, beta);
-            if (c_dtype == DType::BF16) ref = rounded_to_bf16(ref);
+            if (c_dtype == DType::BF16) ref = bf16_rounded_f32(ref);
             DeviceTensor da = upload(a, DType::BF16), db = upload(b, DType::BF16);
             DeviceTensor dc = upload(c0, c_dtype);
             if (beta == 0) poison(dc);  // beta = 0 must not read c

@@ -147,30 +147,6 @@ void note_cutlass_build() {
 #endif
 }
 
-#define MOP_REQUIRE_GPU()              \
-  do {                                 \
-    if (!gpu_available()) {            \
-      WARN("no CUDA device: skipped"); \
-      return;                          \
-    }                                  \
-  } while (0)
-
-// Integers in [lo, hi], as f32.
-HostTensor int_tensor(std::initializer_list<int64_t> dims, uint64_t seed, int lo = -3, int hi = 3) {
-  HostTensor t(DType::F32, dims);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.set(i, double(lo + int(philox_u64(seed, 5, uint64_t(i)) % uint64_t(hi - lo + 1))));
-  // A draw of all zeros (likely for tiny tensors) would make the comparison vacuous.
-  if (t.numel() > 0 && max_abs(t) == 0) t.set(0, 1.0);
-  REQUIRE((t.numel() == 0 || max_abs(t) > 0));
-  return t;
-}
-
-HostTensor rounded_to_bf16(HostTensor t) {
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, round_bf16(float(t.get(i))));
-  return t;
-}
-
 HostTensor offsets_tensor(const std::vector<int32_t>& offsets) {
   HostTensor o(DType::I32, {int64_t(offsets.size())});
   for (size_t e = 0; e < offsets.size(); ++e) o.ptr<int32_t>()[e] = offsets[e];
@@ -276,8 +252,8 @@ TEST_CASE("cuda grouped gemms equal the CPU reference on every path", "[gpu][gem
     cpu_ops().grouped_gemm_bwd_data(dx_ref, dy, w, offsets);
     cpu_ops().grouped_gemm_bwd_weight(dw_ref, dy, x, offsets);
     cpu_ops().grouped_gemm_bwd_weight(dw_written_ref, dy, x, offsets, /*accumulate=*/false);
-    y_ref = rounded_to_bf16(y_ref);
-    dx_ref = rounded_to_bf16(dx_ref);
+    y_ref = bf16_rounded_f32(y_ref);
+    dx_ref = bf16_rounded_f32(dx_ref);
     GroupedResult loop;
     for (const char* path : {"loop", "streams", "grouped", "cutlass", "cublas", "auto"}) {
       INFO(c.name << ", MOP_GROUPED_GEMM=" << path);
@@ -315,7 +291,7 @@ TEST_CASE("cuda grouped gemm: more calls in flight than pinned pointer slots", "
     offsets.push_back(offsets_tensor({0, a, b, c, c + int32_t(i % 2)}));
     HostTensor ref = filled(DType::F32, {rows, n}, 7);
     cpu_ops().grouped_gemm_fwd(ref, x, w, offsets.back());
-    refs.push_back(rounded_to_bf16(ref));
+    refs.push_back(bf16_rounded_f32(ref));
     cpu_ops().grouped_gemm_bwd_weight(dw_ref, dy, x, offsets.back());
   }
   for (const char* path : {"grouped", "cutlass"}) {

@@ -220,14 +220,6 @@ constexpr double kDlogitsRel = 1.0 / 256;
 // dx is bf16: one more rounding, ≤ one bf16 ulp (2^-7 relative at the bottom of a binade).
 constexpr double kBf16Ulp = 1.0 / 128;
 
-#define MOP_REQUIRE_GPU()              \
-  do {                                 \
-    if (!gpu_available()) {            \
-      WARN("no CUDA device: skipped"); \
-      return;                          \
-    }                                  \
-  } while (0)
-
 struct LmCase {
   int64_t tokens, hidden, vocab, chunk;
 };

@@ -80,6 +80,19 @@ inline double max_abs(const HostTensor& x) {
   return m;
 }
 
+// Integers in [lo, hi], as f32: exact in bf16 and, summed in fp32, exact in GEMMs of moderate size
+// (CUTLASS's trick), so GPU results compare exactly.
+inline HostTensor int_tensor(std::initializer_list<int64_t> dims, uint64_t seed, int lo = -3,
+                             int hi = 3) {
+  HostTensor t(DType::F32, dims);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.set(i, double(lo + int(philox_u64(seed, 5, uint64_t(i)) % uint64_t(hi - lo + 1))));
+  // A draw of all zeros (likely for tiny tensors) would make the comparison vacuous.
+  if (t.numel() > 0 && max_abs(t) == 0) t.set(0, 1.0);
+  REQUIRE((t.numel() == 0 || max_abs(t) > 0));
+  return t;
+}
+
 inline bool bitwise_equal(const HostTensor& a, const HostTensor& b) {
   return a.t.dtype == b.t.dtype && a.numel() == b.numel() &&
          std::memcmp(a.t.data, b.t.data, a.t.bytes()) == 0;
