@@ -1,5 +1,5 @@
 // The saved tensors of a recomputing model between its forward and its backward: each layer's
-// input and, where the activation plan keeps it, its attention output and lse (plan/activations.h).
+// input and, where the activation plan keeps it, its attention output and lse (model/activations.h).
 // Layers whose saved tensors live in pinned host memory pass them through device buffers: the
 // input through one of two stages, the attention through the activation set's own attn/lse. A
 // side copy stream takes them to the host as forward writes them and brings them back one layer
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "model/activations.h"
 #include "ops/ops.h"
-#include "plan/activations.h"
 #include "runtime/runtime.h"
 
 namespace mop {

@@ -2,7 +2,7 @@
 // segments a call: the step program decides what runs between them), written once against the
 // Ops interface. Layer l reads activations set acts(l): one set per layer, or with recompute a single
 // shared set that is refilled from the saved layer input just before the layer's backward.
-// All buffers come from one arena laid out by the activation plan (plan/activations.h) in the
+// All buffers come from one arena laid out by the activation plan (model/activations.h) in the
 // constructor: no allocation per step, and the plan's memory is the model's. For long sequences
 // the plan runs the MoE block and the dense FFN in token chunks (recomputed chunk by chunk in
 // backward), keeps attention outputs so that backward does not recompute them, and puts saved
@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "model/activations.h"
 #include "model/params.h"
 #include "ops/ops.h"
 #include "model/saved_activations.h"
 #include "parallel/expert_dispatch.h"
 #include "parallel/ring_attention.h"
 #include "parallel/sequence_parallel.h"
-#include "plan/activations.h"
 
 namespace mop {
 

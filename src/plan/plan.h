@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "config/config.h"
+#include "model/activations.h"
 #include "model/model_spec.h"
-#include "plan/activations.h"
 #include "plan/machine.h"
 #include "plan/parallel_spec.h"
 #include "plan/time_model.h"
@@ -129,7 +129,7 @@ std::string plan_overflow(const Plan& plan, std::string* what = nullptr);
 
 // Rows a rank receives per MoE chunk of `tokens` tokens under parallel.moe.exchange_budget
 // `budget` (0: the worst case ep × tokens × top_k): max(1, ceil(budget × tokens × top_k)), at most
-// the worst case. The same formula as the activations' receive buffers (plan/activations.h).
+// the worst case. The same formula as the activations' receive buffers (model/activations.h).
 int64_t bounded_receive_rows(double budget, int64_t tokens, int64_t top_k, int ep);
 // Rounds a rank takes to receive its rows within `rows` (see kRoutingAllowance in plan.cpp).
 int exchange_rounds(int64_t rows, int64_t tokens, int64_t top_k, int ep);

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "model/activations.h"
 #include "model/model_spec.h"
-#include "plan/activations.h"
 
 namespace mop {
 

@@ -8,9 +8,9 @@
 
 #include "catch.h"
 #include "config/config.h"
+#include "model/activations.h"
 #include "model/transformer.h"
 #include "optim/optimizer.h"
-#include "plan/activations.h"
 #include "test_util.h"
 
 using namespace mop;

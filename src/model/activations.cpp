@@ -1,6 +1,6 @@
 // The activation plan (see activations.h): the buffers of one micro-batch, T = batch · local
 // sequence tokens, in the order the Transformer adds them to its arena.
-#include "plan/activations.h"
+#include "model/activations.h"
 
 #include <algorithm>
 #include <cmath>

@@ -2,7 +2,7 @@
 // model's forward and backward use (arena slots, in order, tagged with the component they serve),
 // the host mirrors, and the buffers the sequence-parallel attention and the expert dispatchers
 // allocate for themselves. The Transformer lays out its arena from this plan, slot for slot, so
-// the memory the plan reports is the memory the model uses (plan/memory.h sums it per class).
+// the memory the plan reports is the memory the model uses (plan/plan.h sums it per class).
 //
 // Layer l reads activation set sets[l] (one per layer), or with recompute the single shared set
 // sets[0], refilled from the saved layer input xs[l] just before the layer's backward.
