@@ -1,7 +1,7 @@
 // Core utilities: bf16 rounding, tensor views, arenas, Philox.
 #include "catch.h"
-#include "core/memory.h"
 #include "core/rng.h"
+#include "runtime/memory.h"
 #include "test_util.h"
 
 using namespace mop;

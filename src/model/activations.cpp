@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/memory.h"
 #include "parallel/expert_dispatch.h"
 #include "parallel/ring_attention.h"
 #include "parallel/sequence_parallel.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

@@ -8,7 +8,7 @@
 #include "ckpt/file_io.h"
 #include "ckpt/json.h"
 #include "core/error.h"
-#include "core/memory.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "core/memory.h"
 #include "model/model_spec.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

@@ -11,9 +11,9 @@
 
 #include <vector>
 
-#include "core/memory.h"
 #include "model/activations.h"
 #include "ops/ops.h"
+#include "runtime/memory.h"
 #include "runtime/runtime.h"
 
 namespace mop {

@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "core/memory.h"
 #include "model/activations.h"
 #include "model/params.h"
 #include "ops/ops.h"
@@ -20,6 +19,7 @@
 #include "parallel/expert_dispatch.h"
 #include "parallel/ring_attention.h"
 #include "parallel/sequence_parallel.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

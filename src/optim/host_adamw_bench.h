@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "core/memory.h"
 #include "ops/ops.h"
 #include "optim/host_adamw.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "config/config.h"
-#include "core/memory.h"
 #include "model/params.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

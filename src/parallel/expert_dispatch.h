@@ -32,9 +32,9 @@
 #include <functional>
 #include <vector>
 
-#include "core/memory.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

@@ -20,9 +20,9 @@
 // (buffer_bytes() plans them).
 #pragma once
 
-#include "core/memory.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

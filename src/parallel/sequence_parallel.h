@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "core/memory.h"
 #include "ops/ops.h"
 #include "parallel/comm.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

@@ -8,9 +8,9 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "core/memory.h"
 #include "model/params.h"
 #include "plan/placement.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

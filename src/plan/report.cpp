@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <map>
 
-#include "core/memory.h"
 #include "model/params.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

@@ -10,8 +10,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/memory.h"
 #include "core/tensor.h"
+#include "runtime/memory.h"
 #include "runtime/runtime.h"
 
 namespace mop {

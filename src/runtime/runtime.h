@@ -12,8 +12,8 @@
 #include <memory>
 #include <string>
 
-#include "core/memory.h"
 #include "core/tensor.h"
+#include "runtime/memory.h"
 
 namespace mop {
 
@@ -85,7 +85,7 @@ class Event {
 // need pinned host memory to overlap with compute.
 void copy_async(void* dst, const void* src, size_t bytes, Stream stream);
 
-// Memory of a kind (core/memory.h): host (aligned, pageable), pinned host, device. Pinned and
+// Memory of a kind (runtime/memory.h): host (aligned, pageable), pinned host, device. Pinned and
 // device memory need a CUDA build; the allocation is zero-filled.
 void* allocate_memory(MemKind kind, size_t bytes);
 void release_memory(MemKind kind, void* ptr);

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <utility>
 
-#include "core/memory.h"
 #include "optim/host_adamw.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

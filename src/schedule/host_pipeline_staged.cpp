@@ -9,8 +9,8 @@
 // next forward has waited for its upload.
 #include <algorithm>
 
-#include "core/memory.h"
 #include "optim/host_adamw.h"
+#include "runtime/memory.h"
 #include "schedule/host_pipeline.h"
 #include "runtime/runtime.h"
 

@@ -16,7 +16,6 @@
 #include <memory>
 #include <vector>
 
-#include "core/memory.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "ops/ops.h"
@@ -24,6 +23,7 @@
 #include "parallel/comm_factory.h"
 #include "plan/machine.h"
 #include "plan/op_bytes.h"
+#include "runtime/memory.h"
 #include "runtime/runtime.h"
 #include "train/commands.h"
 #include "train/emulate.h"

@@ -2,7 +2,7 @@
 #include "train/forward_memory.h"
 
 #include "core/error.h"
-#include "core/memory.h"
+#include "runtime/memory.h"
 #include "runtime/runtime.h"
 
 namespace mop {

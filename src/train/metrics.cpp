@@ -13,8 +13,8 @@
 
 #include "ckpt/json.h"
 #include "core/error.h"
-#include "core/memory.h"
 #include "core/small_file.h"
+#include "runtime/memory.h"
 #include "runtime/runtime.h"
 
 namespace mop {

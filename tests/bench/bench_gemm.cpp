@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "runtime/cuda_check.h"
-#include "core/memory.h"
+#include "runtime/memory.h"
 #include "ops/cuda_ops.h"
 
 namespace mop::bench {

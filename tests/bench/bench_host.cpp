@@ -13,7 +13,7 @@
 
 #include "bench.h"
 #include "runtime/cuda_check.h"
-#include "core/memory.h"
+#include "runtime/memory.h"
 #include "optim/host_adamw.h"
 #include "optim/host_adamw_bench.h"
 

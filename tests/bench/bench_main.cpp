@@ -10,8 +10,8 @@
 #include "bench.h"
 
 #ifdef MOP_HAVE_CUDA
-#include "core/memory.h"
 #include "runtime/cuda_check.h"
+#include "runtime/memory.h"
 #endif
 
 namespace mop::bench {

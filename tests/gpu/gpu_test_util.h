@@ -10,7 +10,7 @@
 #include <cstring>
 
 #include "runtime/cuda_check.h"
-#include "core/memory.h"
+#include "runtime/memory.h"
 #include "ops/cuda_ops.h"
 #include "test_util.h"
 

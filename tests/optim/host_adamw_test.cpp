@@ -22,10 +22,10 @@
 #include <immintrin.h>  // SSE2 (x86-64 baseline) non-temporal stores for the bandwidth ceiling
 #endif
 
-#include "core/memory.h"
 #include "ops/ops_test_util.h"
 #include "optim/host_adamw.h"
 #include "optim/host_adamw_bench.h"
+#include "runtime/memory.h"
 
 using namespace mop;
 using namespace mop::test;

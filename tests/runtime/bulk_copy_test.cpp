@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "catch.h"
-#include "core/memory.h"
 #include "runtime/bulk_copy.h"
+#include "runtime/memory.h"
 #include "test_util.h"
 
 using namespace mop;

@@ -10,8 +10,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#include "core/memory.h"
 #include "ops/cuda/attention_cudnn.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

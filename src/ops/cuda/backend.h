@@ -18,8 +18,8 @@
 
 #include <memory>
 
-#include "core/memory.h"
 #include "ops/ops.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

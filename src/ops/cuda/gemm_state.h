@@ -12,10 +12,10 @@
 #include <array>
 #include <vector>
 
-#include "core/memory.h"
 #include "kernels/grouped_gemm_sm90.cuh"
 #include "ops/cuda/gemm_lt.h"
 #include "runtime/cuda_check.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

@@ -8,8 +8,8 @@
 
 #include <climits>
 
-#include "core/memory.h"
 #include "runtime/cuda_check.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

@@ -10,8 +10,8 @@
 
 #include <cstdint>
 
-#include "core/memory.h"
 #include "core/tensor.h"
+#include "runtime/memory.h"
 
 namespace mop {
 

@@ -1,5 +1,5 @@
 // Buffer and Arena. The memory itself comes from the runtime (runtime/runtime.h).
-#include "core/memory.h"
+#include "runtime/memory.h"
 
 #include <cstdio>
 
