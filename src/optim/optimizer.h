@@ -13,7 +13,7 @@
 #include "config/config.h"
 #include "model/params.h"
 #include "ops/ops.h"
-#include "parallel/comm.h"
+#include "runtime/comm.h"
 #include "runtime/memory.h"
 
 namespace mop {

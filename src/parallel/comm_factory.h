@@ -6,8 +6,8 @@
 
 #include <memory>
 
-#include "parallel/comm.h"
 #include "parallel/mesh.h"
+#include "runtime/comm.h"
 #include "runtime/runtime.h"
 
 namespace mop {

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "config/config.h"
-#include "parallel/comm.h"
 #include "parallel/comm_factory.h"
 #include "parallel/mesh.h"
 #include "parallel/watchdog.h"
 #include "parallel/world.h"
+#include "runtime/comm.h"
 #include "runtime/runtime.h"
 
 namespace mop {

@@ -14,8 +14,8 @@
 #include <memory>
 #include <vector>
 
-#include "parallel/comm.h"
 #include "parallel/comm_factory.h"
+#include "runtime/comm.h"
 
 namespace mop {
 

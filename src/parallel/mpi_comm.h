@@ -6,8 +6,8 @@
 
 #include <memory>
 
-#include "parallel/comm.h"
 #include "parallel/comm_factory.h"
+#include "runtime/comm.h"
 
 namespace mop {
 

@@ -21,7 +21,7 @@
 #pragma once
 
 #include "ops/ops.h"
-#include "parallel/comm.h"
+#include "runtime/comm.h"
 #include "runtime/memory.h"
 
 namespace mop {

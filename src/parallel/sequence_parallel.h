@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "ops/ops.h"
-#include "parallel/comm.h"
+#include "runtime/comm.h"
 #include "runtime/memory.h"
 
 namespace mop {

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "ops/timed_ops.h"
-#include "parallel/comm.h"
+#include "runtime/comm.h"
 
 namespace mop {
 

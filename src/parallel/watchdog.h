@@ -15,8 +15,8 @@
 #include <string>
 #include <thread>
 
-#include "parallel/comm.h"
 #include "parallel/watchdog_peers.h"
+#include "runtime/comm.h"
 
 namespace mop {
 

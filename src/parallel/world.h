@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "parallel/comm.h"
+#include "runtime/comm.h"
 
 namespace mop {
 

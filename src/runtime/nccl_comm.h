@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "parallel/comm.h"
+#include "runtime/comm.h"
 #include "runtime/runtime.h"
 
 namespace mop {
@@ -18,7 +18,7 @@ namespace mop {
 // one GPU). `stream` is the backend's compute stream (Ops::stream()), so collectives are ordered
 // with the kernels around them without host syncs.
 //
-// Semantics are those of comm.h with device buffers, plus:
+// Semantics are those of runtime/comm.h with device buffers, plus:
 //   all_reduce_sum, reduce_scatter_sum  F32, BF16, F64, I32, I64 (BF16 is summed in bf16 by NCCL);
 //   all_gather, broadcast, all_to_all_v any dtype (moved as bytes); all_to_all_v needs distinct
 //                                       `in` and `out` buffers;

@@ -179,8 +179,8 @@ TEST_CASE("attention rejects inconsistent shapes and dtypes", "[cpu][ops]") {
 #include <string>
 
 #include "gpu/gpu_test_util.h"
-#include "parallel/comm.h"
 #include "parallel/ring_attention.h"
+#include "runtime/comm.h"
 
 namespace cuda {
 using namespace mop;

@@ -11,7 +11,7 @@
 
 #include "catch.h"
 #include "core/error.h"
-#include "parallel/comm.h"
+#include "runtime/comm.h"
 
 namespace mop::test {
 

@@ -10,7 +10,7 @@
 #include "ckpt/manifest.h"
 #include "data/prepare_data.h"
 #include "config/config.h"
-#include "parallel/comm.h"
+#include "runtime/comm.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
 

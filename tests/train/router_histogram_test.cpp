@@ -7,9 +7,9 @@
 
 #include "catch.h"
 #include "config/config.h"
-#include "parallel/comm.h"
 #include "parallel/inprocess_comm.h"
 #include "parallel/routing_model.h"
+#include "runtime/comm.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
 

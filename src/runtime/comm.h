@@ -1,6 +1,7 @@
 // Comm: the collectives the trainer needs, over one group of ranks. Implementations: SelfComm
-// (one rank, no MPI), MpiComm (host buffers over MPI; lets CI run multi-rank tests on CPU ranks),
-// and NcclComm (device buffers, runtime/nccl_comm.h). Every call is collective over the group
+// (one rank, no MPI) and NcclComm (device buffers, runtime/nccl_comm.h) here beside the device
+// code; in src/parallel/ MpiComm (host buffers over MPI; lets CI run multi-rank tests on CPU
+// ranks) and the in-process, stand-in and timed comms. Every call is collective over the group
 // (send_recv: over the ranks it pairs). MPI and self comms block; NCCL comms enqueue on a stream,
 // either the compute stream (ordered with the kernels around them) or their own (asynchronous:
 // join() makes the compute stream wait for them).
@@ -31,7 +32,7 @@ class Comm {
   // The expert exchange's counts (ExpertDispatcher::plan): an all_gather of every rank's rows per
   // expert, host I32 [size·E] from [E], for MoE layer `moe_layer` (its ordinal among the MoE
   // layers). Real comms gather; a stand-in of an emulated job answers from a routing model
-  // (standin_comm.h).
+  // (parallel/standin_comm.h).
   virtual void all_gather_expert_counts(Tensor out, const Tensor& in, int moe_layer) {
     (void)moe_layer;
     all_gather(out, in);

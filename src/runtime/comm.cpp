@@ -1,5 +1,5 @@
 // SelfComm (a group of one: every collective is a copy or nothing) and shared Comm helpers.
-#include "parallel/comm.h"
+#include "runtime/comm.h"
 
 #include <algorithm>
 #include <cstring>
