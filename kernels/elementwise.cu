@@ -12,7 +12,6 @@ namespace {
 using namespace detail;
 
 constexpr int kThreads = 256;
-constexpr int kWarpsPerBlock = kThreads / kWarpSize;
 
 // bf16 is carried as its uint16_t bit pattern.
 using Bf16Bits = uint16_t;
