@@ -398,6 +398,13 @@ void validate(const Config& c) {
                      m.num_heads % a.cp != 0 || m.num_kv_heads % a.cp != 0,
                  "train.keep_attention: Ulysses attention (parallel.attention.cp ", a.cp,
                  ") recomputes its attention; set parallel.attention.impl: ring, or train.keep_attention: 0");
+  if (c.train.attention_tile > 0) {
+    MOP_USER_CHECK(c.data.seq_len % c.train.attention_tile == 0, "train.attention_tile: ",
+                   c.train.attention_tile, " tokens do not divide data.seq_len (", c.data.seq_len,
+                   "); use a divisor, 0 (whole sequences) or -1 (the plan's choice)");
+    MOP_USER_CHECK(a.cp == 1 || a.impl != "ring", "train.attention_tile: ring attention "
+                   "(parallel.attention.impl: ring) runs its own blocks; leave the tile at -1 or 0");
+  }
   validate_growth(c);
   MOP_USER_CHECK(c.optim.min_lr <= c.optim.lr, "optim.min_lr: ", c.optim.min_lr,
                  " exceeds optim.lr (", c.optim.lr, ")");

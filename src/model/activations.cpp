@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/tiled_attention.h"
 #include "parallel/expert_dispatch.h"
 #include "parallel/ring_attention.h"
 #include "parallel/sequence_parallel.h"
@@ -40,13 +41,13 @@ size_t ActivationLayout::host_arena_bytes() const {
 std::array<size_t, kNumComponents> ActivationLayout::device_by_component() const {
   std::array<size_t, kNumComponents> out{};
   for (const BufferSpec& b : device) out[size_t(b.component)] += align_up(b.shape.bytes());
-  out[size_t(Component::Attention)] += cp_attention_bytes;
+  out[size_t(Component::Attention)] += attention_bytes;
   out[size_t(Component::Experts)] += dispatch_device_bytes;
   return out;
 }
 
 size_t ActivationLayout::device_bytes() const {
-  return arena_bytes() + cp_attention_bytes + dispatch_device_bytes;
+  return arena_bytes() + attention_bytes + dispatch_device_bytes;
 }
 
 int64_t exchange_rows(double budget, int64_t rows_per_rank, int ep) {
@@ -196,11 +197,18 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
   s.scratch_out = o.recompute ? s.dln : -1;
   s.scratch_losses = a({2});
 
+  if (!o.ring) {
+    const int64_t S = int64_t(o.max_seq) * o.cp;
+    L.attention_sums_in_dln = TiledAttention::sums_fit(L.device[size_t(s.dln)].shape.bytes(), S,
+                                                       d.kv_heads / o.cp, d.head_dim, cdt);
+    L.attention_bytes = TiledAttention::buffer_bytes(o.attention_tile, S, d.heads / o.cp, d.kv_heads / o.cp,
+                                                     d.head_dim, cdt, L.attention_sums_in_dln);
+  }
   if (o.ring)
-    L.cp_attention_bytes = RingAttention::buffer_bytes(o.max_batch, o.max_seq, d.heads, d.kv_heads,
+    L.attention_bytes = RingAttention::buffer_bytes(o.max_batch, o.max_seq, d.heads, d.kv_heads,
                                                        d.head_dim, cdt);
   else if (o.cp > 1)
-    L.cp_attention_bytes = UlyssesExchange::buffer_bytes(o.max_batch, o.max_seq * o.cp,
+    L.attention_bytes += UlyssesExchange::buffer_bytes(o.max_batch, o.max_seq * o.cp,
                                                          d.heads / o.cp * d.head_dim, cdt);
   if (o.ep > 1) {
     const ExpertDispatcher::Footprint f = ExpertDispatcher::footprint(E, o.ep, R, o.moe_chunks);

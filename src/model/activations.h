@@ -53,6 +53,9 @@ struct ActivationOptions {
   // With recompute: layers [0, host_layers) keep their saved tensors in pinned host memory, the
   // others on the device; layers [0, keep_attention) keep their attention output and lse.
   int host_layers = 0, keep_attention = 0;
+  // Tokens per query tile of the causal attention over whole sequences (cp 1 or Ulysses; see
+  // model/tiled_attention.h); 0, or at least the sequence: one call.
+  int64_t attention_tile = 0;
   DType compute = DType::F32;
 
   // The chunk in use for T tokens (T when the block runs unchunked).
@@ -108,9 +111,13 @@ struct ActivationLayout {
   // again into q and k (free once attention's backward has run) for the norms' backward.
   bool qk_raw_recomputed = false;
   SharedSlots shared;
-  // Allocated by their owners next to the arena: the Ulysses exchange or ring attention (device),
-  // and the expert dispatchers (one per activation set; device index maps, host offsets).
-  size_t cp_attention_bytes = 0, dispatch_device_bytes = 0, dispatch_host_bytes = 0;
+  // Allocated by their owners next to the arena: the Ulysses exchange or ring attention and the
+  // tiled attention's buffers (device), and the expert dispatchers (one per activation set;
+  // device index maps, host offsets).
+  size_t attention_bytes = 0, dispatch_device_bytes = 0, dispatch_host_bytes = 0;
+  // Attention in query tiles: its dK/dV sums live in dln (dead during attention's backward)
+  // where dln holds them, else in the tiled attention's own buffer.
+  bool attention_sums_in_dln = false;
 
   size_t arena_bytes() const;       // the device arena, with its slot alignment
   size_t host_arena_bytes() const;  // the host mirrors' arena

@@ -59,6 +59,10 @@ void Transformer::allocate() {
     ulysses_ = std::make_unique<UlyssesExchange>(*comms.cp, ops_, o.max_batch, o.max_seq * cp_,
                                                  d_.heads / cp_ * d_.head_dim, cdt_);
   }
+  if (!ring_)
+    tiled_ = std::make_unique<TiledAttention>(ops_, o.attention_tile, int64_t(o.max_seq) * cp_,
+                                              d_.heads / cp_, d_.kv_heads / cp_, d_.head_dim, cdt_,
+                                              plan_.attention_sums_in_dln);
   if (ep_ > 1)
     for (size_t set = 0; set < acts_.size(); ++set)
       dispatch_.push_back(std::make_unique<ExpertDispatcher>(
@@ -74,6 +78,8 @@ void Transformer::allocate() {
   } else {  // Ulysses: attention sees whole sequences, heads/cp of them
     shapes.batch = o.max_batch, shapes.seq = int64_t(o.max_seq) * cp_;
     shapes.heads = d_.heads / cp_, shapes.kv_heads = d_.kv_heads / cp_;
+    if (TiledAttention::tiled(o.attention_tile, shapes.seq))  // c×c blocks, causal and full
+      shapes.batch = 1, shapes.seq = o.attention_tile, shapes.attention_non_causal = true;
   }
   shapes.head_dim = d_.head_dim;
   shapes.hidden = d_.hidden, shapes.experts = d_.experts, shapes.top_k = d_.top_k;
@@ -360,9 +366,8 @@ void Transformer::attention_fwd(const Acts& a, const Batch& b, int64_t T, Tensor
   ulysses_->to_full(qf, act(a.q, T), Nq);
   ulysses_->to_full(kf, act(a.k, T), Nkv);
   ulysses_->to_full(vf, act(a.v, T), Nkv);
-  ops_.attention_fwd(of.view({rows, Nq / cp_, D}), lse.view({b.batch, Nq / cp_, S}),
-                     qf.view({rows, Nq / cp_, D}), kf.view({rows, Nkv / cp_, D}),
-                     vf.view({rows, Nkv / cp_, D}), b.batch, scale, /*causal=*/true);
+  tiled_->forward(of.view({rows, Nq / cp_, D}), lse, qf.view({rows, Nq / cp_, D}),
+                  kf.view({rows, Nkv / cp_, D}), vf.view({rows, Nkv / cp_, D}), b.batch, scale);
   ulysses_->to_local(attn, of, Nq);
 }
 
@@ -382,12 +387,11 @@ void Transformer::attention_bwd(const Acts& a, const Batch& b, int64_t T, const 
   Tensor dof = act(s_.dattn_full, T), dqf = act(s_.dq_full, T), dkf = act(s_.dk_full, T);
   Tensor dvf = act(s_.dv_full, T);
   ulysses_->to_full(dof, act(s_.dattn, T), Nq);
-  ops_.attention_bwd(dqf.view({rows, Nq / cp_, D}), dkf.view({rows, Nkv / cp_, D}),
-                     dvf.view({rows, Nkv / cp_, D}), dof.view({rows, Nq / cp_, D}),
-                     act(a.q_full, T).view({rows, Nq / cp_, D}), act(a.k_full, T).view({rows, Nkv / cp_, D}),
-                     act(a.v_full, T).view({rows, Nkv / cp_, D}), act(a.attn_full, T).view({rows, Nq / cp_, D}),
-                     lse.view({b.batch, Nq / cp_, S}), b.batch, scale,
-                     /*causal=*/true);
+  tiled_->backward(dqf.view({rows, Nq / cp_, D}), dkf.view({rows, Nkv / cp_, D}),
+                   dvf.view({rows, Nkv / cp_, D}), dof.view({rows, Nq / cp_, D}),
+                   act(a.q_full, T).view({rows, Nq / cp_, D}), act(a.k_full, T).view({rows, Nkv / cp_, D}),
+                   act(a.v_full, T).view({rows, Nkv / cp_, D}), act(a.attn_full, T).view({rows, Nq / cp_, D}),
+                   lse, b.batch, scale, arena_.tensor(s_.dln));  // dln: dead until the q/k/v backward
   ulysses_->to_local(act(s_.dq, T), dqf, Nq);
   ulysses_->to_local(act(s_.dk, T), dkf, Nkv);
   ulysses_->to_local(act(s_.dv, T), dvf, Nkv);
@@ -428,8 +432,8 @@ void Transformer::layer_fwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
     if (cp_ > 1) {
       attention_fwd(a, b, T, attn, lse);
     } else {
-      ops_.attention_fwd(attn.view({T, Nq, D}), lse.view({b.batch, Nq, b.seq}), q3, k3, v3, b.batch,
-                         float(1.0 / std::sqrt(double(D))), /*causal=*/true);
+      tiled_->forward(attn.view({T, Nq, D}), lse, q3, k3, v3, b.batch,
+                      float(1.0 / std::sqrt(double(D))));
     }
     if (saved_ && training_ && !recompute) saved_->attention_written(l, attn, lse);
   }
@@ -468,10 +472,10 @@ void Transformer::layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
   if (cp_ > 1) {
     attention_bwd(a, b, T, attn, lse);
   } else {
-    ops_.attention_bwd(dq.view({T, Nq, D}), dk.view({T, Nkv, D}), dv.view({T, Nkv, D}),
-                       dattn.view({T, Nq, D}), q3, k3, act(a.v, T).view({T, Nkv, D}),
-                       attn.view({T, Nq, D}), lse.view({b.batch, Nq, b.seq}), b.batch,
-                       float(1.0 / std::sqrt(double(D))), /*causal=*/true);
+    tiled_->backward(dq.view({T, Nq, D}), dk.view({T, Nkv, D}), dv.view({T, Nkv, D}),
+                     dattn.view({T, Nq, D}), q3, k3, act(a.v, T).view({T, Nkv, D}),
+                     attn.view({T, Nq, D}), lse, b.batch, float(1.0 / std::sqrt(double(D))),
+                     arena_.tensor(s_.dln));  // dln: dead until the q/k/v projections' backward
   }
   // The set's attn and lse are free: the previous layer's kept attention may come back into them.
   if (saved_ && l > 0) saved_->fetch_attention(l - 1, attn_of(l - 1, a, T), lse_of(l - 1, a, T));

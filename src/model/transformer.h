@@ -17,6 +17,7 @@
 #include "ops/ops.h"
 #include "model/saved_activations.h"
 #include "parallel/expert_dispatch.h"
+#include "model/tiled_attention.h"
 #include "parallel/ring_attention.h"
 #include "parallel/sequence_parallel.h"
 #include "runtime/memory.h"
@@ -161,6 +162,7 @@ class Transformer {
   bool ring_ = false;  // cp > 1 through ring attention (else Ulysses)
   std::unique_ptr<UlyssesExchange> ulysses_;
   std::unique_ptr<RingAttention> ring_attention_;
+  std::unique_ptr<TiledAttention> tiled_;  // cp 1 and Ulysses: whole sequences, maybe in tiles
   std::vector<std::unique_ptr<ExpertDispatcher>> dispatch_;  // per activation set (ep > 1)
   void attention_fwd(const Acts& a, const Batch& b, int64_t T, Tensor attn, Tensor lse);
   void attention_bwd(const Acts& a, const Batch& b, int64_t T, const Tensor& attn, const Tensor& lse);

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "model/params.h"
+#include "model/tiled_attention.h"
 #include "plan/placement.h"
 #include "runtime/memory.h"
 
@@ -134,7 +135,11 @@ size_t workspace_bytes(const Plan& p) {
   if (p.run.device == Device::CPU) return 0;
   const double tokens = double(p.cfg.train.micro_batch_size) * p.local_seq;
   const double chunk = double(std::min<int64_t>(p.cfg.train.lm_head_chunk, int64_t(tokens)));
-  return size_t(p.machine.device.workspace_bytes + p.machine.device.workspace_bytes_per_token * tokens +
+  // Attention's workspace grows with the tokens × heads of a call: a micro-batch's (Ulysses: all
+  // S tokens of heads/cp heads), or one tile's of one sequence.
+  const int64_t tile = p.activation_options.attention_tile;
+  const double call = TiledAttention::tiled(tile, p.cfg.data.seq_len) ? double(tile) / p.cp : tokens;
+  return size_t(p.machine.device.workspace_bytes + p.machine.device.workspace_bytes_per_token * call +
                 chunk * double(p.dims.vocab) * 2.0);  // the LM head chunk's bf16 dlogits
 }
 
@@ -157,6 +162,41 @@ int64_t moe_chunk(const Config& cfg, int64_t tokens) {
   const int64_t c = cfg.train.moe_chunk;
   if (c >= 0) return c;
   return cfg.train.recompute && tokens > kAutoMoeChunk ? kAutoMoeChunk : 0;
+}
+
+// The query tile of the attention over whole sequences (model/tiled_attention.h): pinned
+// (train.attention_tile ≥ 0), else on a GPU the one the time model makes fastest among tiles of
+// S/2ᵏ ≥ kMinAttentionTile tokens — and whole sequences unless a tile saves more than
+// kTileGain of attention's time, so a tile is taken only where the rates say it pays. Ring
+// attention and the CPU backend run whole blocks / sequences.
+constexpr int64_t kMinAttentionTile = 8192;
+constexpr double kTileGain = 0.02;
+int64_t attention_tile(const Plan& p) {
+  const Config& cfg = p.cfg;
+  const int64_t S = cfg.data.seq_len;
+  if (cfg.train.attention_tile >= 0) {
+    MOP_USER_CHECK(cfg.train.attention_tile == 0 || !p.ring, "train.attention_tile: ring attention "
+                   "(parallel.attention.cp ", p.cp, " with heads that do not divide by it) runs its own "
+                   "blocks; leave the tile at -1 or 0");
+    MOP_USER_CHECK(p.run.device == Device::CPU || cfg.train.attention_tile != 1,
+                   "train.attention_tile: tiles of one token cannot run on the GPU; use at least 2");
+    return cfg.train.attention_tile;
+  }
+  if (p.ring || p.run.device == Device::CPU) return 0;
+  const DeviceSpec& d = p.machine.device;
+  const double B = double(cfg.train.micro_batch_size), Nq = double(p.dims.heads) / p.cp;
+  const double q = Nq * double(p.dims.head_dim), kv = double(p.dims.kv_heads) / p.cp * double(p.dims.head_dim);
+  const double c = double(dtype_size(p.run.compute)), fwd = 2 * B * double(S) * double(S) * q;
+  auto seconds = [&](int64_t tile) {
+    return attention_seconds(d, fwd, B, double(S), tile, q, kv, c, false) +
+           attention_seconds(d, 2.5 * fwd, B, double(S), tile, q, kv, c, true);
+  };
+  const double whole = seconds(0);
+  int64_t best = 0;
+  double best_s = whole;
+  for (int64_t n = 2; S % n == 0 && S / n >= kMinAttentionTile; n *= 2)
+    if (const double s = seconds(S / n); s < best_s) best = S / n, best_s = s;
+  return best_s < (1 - kTileGain) * whole ? best : 0;
 }
 
 }  // namespace
@@ -378,6 +418,13 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
   ao.moe_chunks = p.moe_chunks;
   ao.compute = p.run.compute;
   ao.moe_chunk = moe_chunk(cfg, int64_t(ao.max_batch) * ao.max_seq);
+  ao.attention_tile = attention_tile(p);
+  if (TiledAttention::tiled(ao.attention_tile, cfg.data.seq_len)) {
+    const int64_t n = cfg.data.seq_len / ao.attention_tile;
+    p.notes.push_back("attention: query tiles of " + std::to_string(ao.attention_tile) + " tokens (" +
+                      std::to_string(n * (n + 1) / 2) + " blocks per sequence and pass)" +
+                      (cfg.train.attention_tile < 0 ? ", the fastest by the measured rates" : ""));
+  }
   ao.exchange_rows = exchange_rows(cfg.parallel.moe.exchange_budget,
                                    ao.chunk_tokens(int64_t(ao.max_batch) * ao.max_seq) * local_dims.top_k, ao.ep);
   p.parallel = make_parallel_spec(local, p.cp, p.dp, p.ep, p.edp, par.zero, par.shard == "slice");

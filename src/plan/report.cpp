@@ -6,6 +6,7 @@
 #include <map>
 
 #include "model/params.h"
+#include "model/tiled_attention.h"
 #include "runtime/memory.h"
 
 namespace mop {
@@ -83,9 +84,13 @@ std::string placement_of(const Plan& p, int comp) {
     case kAttention: {
       std::string s = std::to_string(d.heads) + "/" + std::to_string(d.kv_heads) + " heads × " +
                       std::to_string(d.head_dim);
-      if (p.cp == 1) return s + ", whole sequences";
+      const int64_t tile = p.activation_options.attention_tile;
+      const std::string tiles = TiledAttention::tiled(tile, p.cfg.data.seq_len)
+                                    ? ", query tiles of " + std::to_string(tile)
+                                    : std::string();
+      if (p.cp == 1) return s + ", whole sequences" + tiles;
       return s + ", cp " + std::to_string(p.cp) + (p.ring ? " ring" : " Ulysses") + ", " +
-             std::to_string(p.local_seq) + " tokens per rank";
+             std::to_string(p.local_seq) + " tokens per rank" + tiles;
     }
     case kRouter: return std::to_string(d.experts) + " experts, top " + std::to_string(d.top_k);
     case kExperts:
@@ -246,6 +251,8 @@ Json plan_json(const Plan& p) {
   const int64_t tokens = int64_t(p.activation_options.max_batch) * p.activation_options.max_seq;
   f["moe_chunk_tokens"] = p.activation_options.chunk_tokens(tokens);
   f["keep_attention_layers"] = p.activation_options.keep_attention;
+  f["attention_tile"] = TiledAttention::tiled(p.activation_options.attention_tile, p.cfg.data.seq_len)
+                            ? p.activation_options.attention_tile : 0;
   f["host_layers"] = p.activation_options.host_layers;
   f["zero"] = p.parallel.zero1();
   f["state_placement"] = p.cfg.optim.state_placement;

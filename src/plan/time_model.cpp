@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "model/params.h"
+#include "model/tiled_attention.h"
 #include "plan/op_bytes.h"
 #include "plan/plan.h"
 
@@ -187,7 +188,9 @@ void Model::attention_fwd(double T) {
   if (p_.cp > 1 && !p_.ring) {
     ulysses(double(d.q_width()) / p_.cp, 1);
     ulysses(double(d.kv_width()) / p_.cp, 2);
-    charge(OpCategory::Attention, causal / d_.attention_fwd.at(S) + d_.launch_seconds);
+    charge(OpCategory::Attention, attention_seconds(d_, causal, B, S, p_.activation_options.attention_tile,
+                                                    double(d.q_width()) / p_.cp, double(d.kv_width()) / p_.cp,
+                                                    c_, false));
     ulysses(double(d.q_width()) / p_.cp, 1);
   } else if (p_.ring) {
     const double chunk = S / (2 * p_.cp);
@@ -199,7 +202,8 @@ void Model::attention_fwd(double T) {
     const double comm = (p_.cp - 1) * send_recv(step_bytes, cp_group_);
     overlapped_comm(comm, std::max(0.0, comm - blocks));  // each step's pass behind its blocks
   } else {
-    charge(OpCategory::Attention, causal / d_.attention_fwd.at(S) + d_.launch_seconds);
+    charge(OpCategory::Attention, attention_seconds(d_, causal, B, S, p_.activation_options.attention_tile,
+                                                    double(d.q_width()), double(d.kv_width()), c_, false));
   }
   flop(causal);
 }
@@ -211,7 +215,9 @@ void Model::attention_bwd(double T) {
   const double causal = 2.5 * 2 * B * S * S * Nq * D / p_.cp;
   if (p_.cp > 1 && !p_.ring) {
     ulysses(double(d.q_width()) / p_.cp, 1);
-    charge(OpCategory::Attention, causal / d_.attention_bwd.at(S) + d_.launch_seconds);
+    charge(OpCategory::Attention, attention_seconds(d_, causal, B, S, p_.activation_options.attention_tile,
+                                                    double(d.q_width()) / p_.cp, double(d.kv_width()) / p_.cp,
+                                                    c_, true));
     ulysses(double(d.q_width()) / p_.cp, 1);
     ulysses(double(d.kv_width()) / p_.cp, 2);
   } else if (p_.ring) {
@@ -225,7 +231,8 @@ void Model::attention_bwd(double T) {
     const double comm = (p_.cp - 1) * kv + p_.cp * sums;
     overlapped_comm(comm, std::max(0.0, comm - blocks - sums) + sums);
   } else {
-    charge(OpCategory::Attention, causal / d_.attention_bwd.at(S) + d_.launch_seconds);
+    charge(OpCategory::Attention, attention_seconds(d_, causal, B, S, p_.activation_options.attention_tile,
+                                                    double(d.q_width()), double(d.kv_width()), c_, true));
   }
   flop(causal);
 }
@@ -751,6 +758,30 @@ StepTime Model::run() {
 }
 
 }  // namespace
+
+double attention_seconds(const DeviceSpec& d, double flops, double batch, double seq, int64_t tile,
+                         double q_width, double kv_width, double c_bytes, bool backward) {
+  const RateTable& causal = backward ? d.attention_bwd : d.attention_fwd;
+  const RateTable& block = backward ? d.attention_block_bwd : d.attention_block_fwd;
+  if (!TiledAttention::tiled(tile, int64_t(seq)) || int64_t(seq) % tile != 0)
+    return flops / causal.at(seq) + d.launch_seconds;
+  const double c = double(tile), n = seq / c, blocks = batch * n * (n + 1) / 2;
+  // A tile's causal block holds 1/n of a sequence's causal FLOPs (c²/2 of S²/2), the n(n−1)/2
+  // full blocks the rest.
+  double s = flops / n / causal.at(c) + flops * (n - 1) / n / block.at(c) + blocks * d.launch_seconds;
+  // Per block of c query rows, in acc (4-byte) elements of q_width or kv_width per row.
+  const double a = 4, rows = c;
+  double bytes;
+  if (!backward) {  // a merge (acc and lse read and written, the block's output read), tile copies
+    bytes = (blocks - batch) * rows * q_width * (2 * a + c_bytes) + batch * (n - 1) * rows * q_width * (a + c_bytes);
+  } else {  // dq, dk, dv: converted to acc and added (the first dq block copied); sums copied out
+    const double add = c_bytes + a + 3 * a;
+    bytes = blocks * rows * (q_width + 2 * kv_width) * add + batch * n * rows * q_width * 2 * (a + c_bytes) +
+            batch * seq * kv_width * 2 * (a + a + c_bytes);
+  }
+  s += bytes / d.copy_bw;
+  return s;
+}
 
 StepTime predict_step_time(const Plan& plan) { return Model(plan).run(); }
 

@@ -73,4 +73,14 @@ struct StepTime {
 
 StepTime predict_step_time(const Plan& plan);
 
+struct DeviceSpec;
+// Compute-stream seconds of causal attention over `batch` sequences of `seq` tokens whose causal
+// FLOPs are `flops` (forward 2·B·S²·Nq·D, backward 2.5× that), in query tiles of `tile` tokens
+// (model/tiled_attention.h; 0 or ≥ seq: one call at the causal rate of the whole sequence): the
+// diagonal blocks at the causal rate of a tile, the others at the non-causal block rate, one
+// launch per call, and the merges (forward) or gradient sums (backward) of the blocks' outputs in
+// the acc dtype (q_width: this call's Nq·D, kv_width: Nkv·D; c_bytes: the compute dtype's size).
+double attention_seconds(const DeviceSpec& d, double flops, double batch, double seq, int64_t tile,
+                         double q_width, double kv_width, double c_bytes, bool backward);
+
 }  // namespace mop

@@ -225,7 +225,7 @@ void attention(Ops& ops, Bench& b, DeviceSpec& d, bool gpu, bool root) {
     RateTable& bwd_t = causal ? d.attention_bwd : d.attention_block_bwd;
     fwd_t.points.clear(), bwd_t.points.clear();
     const std::vector<int64_t> seqs = gpu ? (causal ? std::vector<int64_t>{1024, 4096, 16384, 65536, 131072}
-                                                    : std::vector<int64_t>{1024, 4096, 16384, 32768})
+                                                    : std::vector<int64_t>{1024, 4096, 16384, 32768, 65536, 131072})
                                           : std::vector<int64_t>{64, 256};
     for (int64_t S : seqs) {
       const int B = 1;

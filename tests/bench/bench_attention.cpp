@@ -6,18 +6,23 @@
 // FLOPs (2 per multiply-add; causal keeps half of the S² scores):
 //   forward  = 4·B·Nq·S²·D / 2   (QKᵀ and P·V: two S²·D GEMMs per head)
 //   backward = 2.5 × forward     (QKᵀ recomputed, dP = dO·Vᵀ, dV = Pᵀ·dO, dK = dSᵀ·Q, dQ = dS·K)
+// attention_tiled: the causal and full blocks of 16K–128K tokens that attention in query tiles
+// (model/tiled_attention.h) is made of, and one sequence of 256K tokens whole and in tiles of
+// 64K, 32K and 16K (one timed call each after one untimed).
 #ifdef MOP_HAVE_CUDA
 
 #include <stdlib.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "bench.h"
 #include "runtime/cuda_check.h"
 #include "core/rng.h"
 #include "gpu/gpu_test_util.h"
+#include "model/tiled_attention.h"
 #include "ops/cuda_ops.h"
 
 namespace mop::bench {
@@ -168,6 +173,71 @@ void run_mode(bool deterministic) {
   }
 }
 
+// Seconds of one call of fn after one untimed call (plans, workspace): the long shapes below run
+// for seconds, so one timed call is already steady.
+double once_ms(const std::function<void()>& fn, cudaStream_t stream) {
+  fn();
+  cudaEvent_t start, stop;
+  MOP_CUDA_CHECK(cudaEventCreate(&start));
+  MOP_CUDA_CHECK(cudaEventCreate(&stop));
+  MOP_CUDA_CHECK(cudaEventRecord(start, stream));
+  fn();
+  MOP_CUDA_CHECK(cudaEventRecord(stop, stream));
+  MOP_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  MOP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
+}
+
+// Long sequences: the causal and non-causal blocks attention in query tiles is made of, at the
+// tile sizes the plan chooses between, and one sequence of S tokens whole against its tiles.
+void time_tiled() {
+  for (bool causal : {true, false})
+    for (int64_t c : {16384, 32768, 65536, 131072}) {
+      CudaOps ops;
+      DeviceTensor q = test::upload(random_tensor(DType::BF16, {c, kHeads, kHeadDim}, 31, -2, 2));
+      DeviceTensor k = test::upload(random_tensor(DType::BF16, {c, kKvHeads, kHeadDim}, 32, -2, 2));
+      DeviceTensor v = test::upload(random_tensor(DType::BF16, {c, kKvHeads, kHeadDim}, 33, -1, 1));
+      DeviceTensor out(DType::BF16, {c, kHeads, kHeadDim}), lse(DType::F32, {1, kHeads, c});
+      DeviceTensor dq(DType::BF16, {c, kHeads, kHeadDim}), dk(DType::BF16, {c, kKvHeads, kHeadDim});
+      DeviceTensor dv(DType::BF16, {c, kKvHeads, kHeadDim});
+      settle();
+      const float scale = float(1.0 / std::sqrt(double(kHeadDim)));
+      auto fwd = [&] { ops.attention_fwd(out, lse, q, k, v, 1, scale, causal); };
+      auto bwd = [&] { ops.attention_bwd(dq, dk, dv, out, q, k, v, out, lse, 1, scale, causal); };
+      const double f = 4.0 * kHeads * double(c) * double(c) * kHeadDim * (causal ? 0.5 : 1.0);
+      const std::string name = std::string(causal ? "causal" : "full") + " S=" + std::to_string(c);
+      report("attention_fwd block " + name, true, once_ms(fwd, ops.cuda_stream()), f, 0, kAttnFwdTflops);
+      report("attention_bwd block " + name, true, once_ms(bwd, ops.cuda_stream()), 2.5 * f, 0, kAttnBwdTflops,
+             "CudaOps workspace " + format_bytes(double(ops.workspace_bytes())));
+    }
+  const int64_t S = 262144;
+  for (int64_t tile : {int64_t(0), int64_t(65536), int64_t(32768), int64_t(16384)}) {
+    CudaOps ops;
+    DeviceTensor q = test::upload(random_tensor(DType::BF16, {S, kHeads, kHeadDim}, 41, -2, 2));
+    DeviceTensor k = test::upload(random_tensor(DType::BF16, {S, kKvHeads, kHeadDim}, 42, -2, 2));
+    DeviceTensor v = test::upload(random_tensor(DType::BF16, {S, kKvHeads, kHeadDim}, 43, -1, 1));
+    DeviceTensor out(DType::BF16, {S, kHeads, kHeadDim}), lse(DType::F32, {S * kHeads});
+    DeviceTensor dq(DType::BF16, {S, kHeads, kHeadDim}), dk(DType::BF16, {S, kKvHeads, kHeadDim});
+    DeviceTensor dv(DType::BF16, {S, kKvHeads, kHeadDim});
+    settle();
+    TiledAttention tiled(ops, tile, S, kHeads, kKvHeads, kHeadDim, DType::BF16);
+    const float scale = float(1.0 / std::sqrt(double(kHeadDim)));
+    auto fwd = [&] { tiled.forward(out, lse, q, k, v, 1, scale); };
+    auto bwd = [&] { tiled.backward(dq, dk, dv, out, q, k, v, out, lse, 1, scale); };
+    const double f = 4.0 * kHeads * double(S) * double(S) * kHeadDim / 2;
+    const std::string name = "S=" + std::to_string(S) + (tile ? " tile " + std::to_string(tile) : " whole");
+    const std::string mem = "workspace " + format_bytes(double(ops.workspace_bytes())) + ", tile buffers " +
+                            format_bytes(double(TiledAttention::buffer_bytes(tile, S, kHeads, kKvHeads,
+                                                                              kHeadDim, DType::BF16)));
+    report("attention_fwd tiled " + name, true, once_ms(fwd, ops.cuda_stream()), f, 0, kAttnFwdTflops);
+    report("attention_bwd tiled " + name, true, once_ms(bwd, ops.cuda_stream()), 2.5 * f, 0, kAttnBwdTflops,
+           mem + " (after both passes: " + format_bytes(double(ops.workspace_bytes())) + ")");
+  }
+}
+
 }  // namespace
 
 MOP_BENCH("attention") {
@@ -175,6 +245,9 @@ MOP_BENCH("attention") {
 }
 MOP_BENCH("attention_deterministic") {
   run_mode(true);
+}
+MOP_BENCH("attention_tiled") {
+  time_tiled();
 }
 
 }  // namespace mop::bench

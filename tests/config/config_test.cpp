@@ -102,6 +102,15 @@ TEST_CASE("config: bad input names the path and value", "[cpu][config]") {
   CHECK(error_of("model: {num_heads: 4, num_kv_heads: 2}\nparallel: {attention: {cp: 2, impl: ulysses}}") == "");
   CHECK(error_of("parallel: {attention: {impl: rings}}") ==
         "cfg.yaml:1: parallel.attention.impl: 'rings' is not one of auto, ulysses or ring (did you mean ring?)");
+  // Attention in query tiles: the tile divides the sequence; ring attention runs its own blocks.
+  CHECK(error_of("data: {seq_len: 96}\ntrain: {attention_tile: 40}") ==
+        "train.attention_tile: 40 tokens do not divide data.seq_len (96); use a divisor, 0 (whole "
+        "sequences) or -1 (the plan's choice)");
+  CHECK(error_of("data: {seq_len: 96}\ntrain: {attention_tile: 32}") == "");
+  CHECK(error_of("data: {seq_len: 96}\ntrain: {attention_tile: 32}\n"
+                 "parallel: {attention: {cp: 2, dp: 1, impl: ring}}") ==
+        "train.attention_tile: ring attention (parallel.attention.impl: ring) runs its own blocks; "
+        "leave the tile at -1 or 0");
   // Sizes whose products overflow.
   CHECK(error_of("data: {seq_len: 16777216}\ntrain: {micro_batch_size: 1000, global_batch_size: 1000}") ==
         "train.micro_batch_size × data.seq_len = 16777216000 tokens per micro-batch exceeds 2^31 − 1");

@@ -3,7 +3,7 @@
 // thread-count independence, f32-vs-f64 agreement; the CUDA backend (cuDNN; S = 1 through
 // cuBLAS) against the reference ([gpu]) on bf16-exact inputs, forward bitwise reproducible, the
 // deterministic backward, prepare sizing the workspace, head dims cuDNN cannot run, and ring
-// attention on one GPU against one causal call.
+// attention and tiled attention on one GPU against one causal call.
 
 #include <cmath>
 #include <vector>
@@ -179,6 +179,7 @@ TEST_CASE("attention rejects inconsistent shapes and dtypes", "[cpu][ops]") {
 #include <string>
 
 #include "gpu/gpu_test_util.h"
+#include "model/tiled_attention.h"
 #include "parallel/ring_attention.h"
 #include "runtime/comm.h"
 
@@ -502,6 +503,44 @@ TEST_CASE("cuda ring attention on one rank equals causal attention (blocks, merg
     poison(d.dk);
     poison(d.dv);
     ring.backward(d.dq, d.dk, d.dv, d.dout, d.q, d.k, d.v, d.out, lse, c.batch, c.scale());
+    check_backward(r, download(d.dq), download(d.dk), download(d.dv));
+  }
+}
+
+TEST_CASE("cuda tiled attention equals the CPU reference (blocks, merges, sums)", "[gpu][attention]") {
+  MOP_REQUIRE_GPU();
+  DeterministicEnv env("0");
+  CudaOps ops;
+  // (case, tile): several tiles per sequence with batch > 1, GQA 8 with head dim 128, and tiles of
+  // two tokens. Tolerances as for one call: every block's bf16 output or gradient adds one
+  // rounding before the fp32 merge or sum, well inside them.
+  const std::pair<AttnCase, int64_t> cases[] = {{{2, 64, 4, 2, 64}, 16}, {{1, 96, 8, 1, 128}, 32},
+                                                {{3, 128, 6, 3, 128}, 64}, {{1, 16, 8, 4, 8}, 2}};
+  uint64_t seed = 6500;
+  for (const auto& [c, tile] : cases) {
+    INFO(c.str() << ", tile " << tile);
+    const Reference r(c, seed += 10);
+    DeviceCase d(r);
+    DeviceTensor lse(DType::F32, {c.batch * c.num_q_heads * c.seq});
+    TiledAttention tiled(ops, tile, c.seq, c.num_q_heads, c.num_kv_heads, c.head_dim, DType::BF16);
+    poison(d.out);
+    poison(lse);
+    tiled.forward(d.out, lse, d.q, d.k, d.v, c.batch, c.scale());
+    // The tiled lse is tile-major: tile i of sequence b is [Nq, tile] at (b·S + i·tile)·Nq.
+    const HostTensor tiled_lse = download(lse);
+    HostTensor got_lse(DType::F32, {c.batch, c.num_q_heads, c.seq});
+    for (int b = 0; b < c.batch; ++b)
+      for (int64_t s = 0; s < c.seq; ++s)
+        for (int64_t h = 0; h < c.num_q_heads; ++h) {
+          const int64_t i0 = s / tile * tile;
+          got_lse.set((b * c.num_q_heads + h) * c.seq + s,
+                      tiled_lse.get((b * c.seq + i0) * c.num_q_heads + h * tile + (s - i0)));
+        }
+    check_forward(r, download(d.out), got_lse);
+    poison(d.dq);
+    poison(d.dk);
+    poison(d.dv);
+    tiled.backward(d.dq, d.dk, d.dv, d.dout, d.q, d.k, d.v, d.out, lse, c.batch, c.scale());
     check_backward(r, download(d.dq), download(d.dk), download(d.dv));
   }
 }
