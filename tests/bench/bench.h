@@ -38,9 +38,9 @@ struct Register {
 double best_seconds(const std::function<void()>& fn, int repeats = 5);
 
 #ifdef MOP_HAVE_CUDA
-// Median milliseconds of `iters` launches of fn on `stream` (after 3 warm-up launches), each
+// Median milliseconds of `iters` launches of fn on `stream` (after `warmup` untimed ones), each
 // preceded by an L2 flush.
-double time_ms(const std::function<void()>& fn, cudaStream_t stream, int iters = 20);
+double time_ms(const std::function<void()>& fn, cudaStream_t stream, int iters = 20, int warmup = 3);
 
 // One result line. flops/bytes ≤ 0 are left out; ceiling in the same unit as the rate.
 void report(const std::string& name, bool valid, double ms, double flops, double bytes,

@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <string>
 
 #include "bench.h"
@@ -176,19 +175,7 @@ void run_mode(bool deterministic) {
 // Seconds of one call of fn after one untimed call (plans, workspace): the long shapes below run
 // for seconds, so one timed call is already steady.
 double once_ms(const std::function<void()>& fn, cudaStream_t stream) {
-  fn();
-  cudaEvent_t start, stop;
-  MOP_CUDA_CHECK(cudaEventCreate(&start));
-  MOP_CUDA_CHECK(cudaEventCreate(&stop));
-  MOP_CUDA_CHECK(cudaEventRecord(start, stream));
-  fn();
-  MOP_CUDA_CHECK(cudaEventRecord(stop, stream));
-  MOP_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  MOP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms;
+  return time_ms(fn, stream, /*iters=*/1, /*warmup=*/1);
 }
 
 // Long sequences: the causal and non-causal blocks attention in query tiles is made of, at the

@@ -33,13 +33,13 @@ double best_seconds(const std::function<void()>& fn, int repeats) {
 }
 
 #ifdef MOP_HAVE_CUDA
-double time_ms(const std::function<void()>& fn, cudaStream_t stream, int iters) {
+double time_ms(const std::function<void()>& fn, cudaStream_t stream, int iters, int warmup) {
   // A buffer larger than the H200's 60 MB L2, rewritten before each timed launch.
   static Buffer flush(MemKind::Device, size_t(256) << 20);
   cudaEvent_t start, stop;
   MOP_CUDA_CHECK(cudaEventCreate(&start));
   MOP_CUDA_CHECK(cudaEventCreate(&stop));
-  for (int i = 0; i < 3; ++i) fn();
+  for (int i = 0; i < warmup; ++i) fn();
   std::vector<float> times;
   for (int i = 0; i < iters; ++i) {
     MOP_CUDA_CHECK(cudaMemsetAsync(flush.data(), i & 0xff, flush.bytes(), stream));
