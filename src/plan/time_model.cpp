@@ -132,6 +132,7 @@ class Model {
   void ulysses(double width, int times);
   void attention_fwd(double T);
   void attention_bwd(double T);
+  double whole_sequence_attention(double flops, bool backward) const;
   void layer_fwd(int l, double T);
   void layer_bwd(int l, double T);
   void moe_fwd(double T);
@@ -180,6 +181,14 @@ void Model::ulysses(double width, int times) {
   }
 }
 
+// Attention over whole sequences (cp 1, or Ulysses' heads/cp), in the plan's query tiles.
+double Model::whole_sequence_attention(double flops, bool backward) const {
+  const ModelDims& d = p_.dims;
+  return attention_seconds(d_, flops, double(p_.cfg.train.micro_batch_size), double(p_.cfg.data.seq_len),
+                           p_.activation_options.attention_tile, double(d.q_width()) / p_.cp,
+                           double(d.kv_width()) / p_.cp, c_, backward);
+}
+
 void Model::attention_fwd(double T) {
   const ModelDims& d = p_.dims;
   const double B = p_.cfg.train.micro_batch_size, S = double(p_.cfg.data.seq_len);
@@ -188,9 +197,7 @@ void Model::attention_fwd(double T) {
   if (p_.cp > 1 && !p_.ring) {
     ulysses(double(d.q_width()) / p_.cp, 1);
     ulysses(double(d.kv_width()) / p_.cp, 2);
-    charge(OpCategory::Attention, attention_seconds(d_, causal, B, S, p_.activation_options.attention_tile,
-                                                    double(d.q_width()) / p_.cp, double(d.kv_width()) / p_.cp,
-                                                    c_, false));
+    charge(OpCategory::Attention, whole_sequence_attention(causal, false));
     ulysses(double(d.q_width()) / p_.cp, 1);
   } else if (p_.ring) {
     const double chunk = S / (2 * p_.cp);
@@ -202,8 +209,7 @@ void Model::attention_fwd(double T) {
     const double comm = (p_.cp - 1) * send_recv(step_bytes, cp_group_);
     overlapped_comm(comm, std::max(0.0, comm - blocks));  // each step's pass behind its blocks
   } else {
-    charge(OpCategory::Attention, attention_seconds(d_, causal, B, S, p_.activation_options.attention_tile,
-                                                    double(d.q_width()), double(d.kv_width()), c_, false));
+    charge(OpCategory::Attention, whole_sequence_attention(causal, false));
   }
   flop(causal);
 }
@@ -215,9 +221,7 @@ void Model::attention_bwd(double T) {
   const double causal = 2.5 * 2 * B * S * S * Nq * D / p_.cp;
   if (p_.cp > 1 && !p_.ring) {
     ulysses(double(d.q_width()) / p_.cp, 1);
-    charge(OpCategory::Attention, attention_seconds(d_, causal, B, S, p_.activation_options.attention_tile,
-                                                    double(d.q_width()) / p_.cp, double(d.kv_width()) / p_.cp,
-                                                    c_, true));
+    charge(OpCategory::Attention, whole_sequence_attention(causal, true));
     ulysses(double(d.q_width()) / p_.cp, 1);
     ulysses(double(d.kv_width()) / p_.cp, 2);
   } else if (p_.ring) {
@@ -231,8 +235,7 @@ void Model::attention_bwd(double T) {
     const double comm = (p_.cp - 1) * kv + p_.cp * sums;
     overlapped_comm(comm, std::max(0.0, comm - blocks - sums) + sums);
   } else {
-    charge(OpCategory::Attention, attention_seconds(d_, causal, B, S, p_.activation_options.attention_tile,
-                                                    double(d.q_width()), double(d.kv_width()), c_, true));
+    charge(OpCategory::Attention, whole_sequence_attention(causal, true));
   }
   flop(causal);
 }
