@@ -89,6 +89,12 @@ struct Tensor {
   std::string shape_str() const;
 };
 
+// Whether two tensors' bytes overlap (empty tensors overlap nothing).
+inline bool overlap(const Tensor& a, const Tensor& b) {
+  const char *pa = static_cast<const char*>(a.data), *pb = static_cast<const char*>(b.data);
+  return a.numel() > 0 && b.numel() > 0 && pa < pb + b.bytes() && pb < pa + a.bytes();
+}
+
 // "[d0,d1,…]": how messages print a shape.
 inline std::string shape_str(const int64_t* dims, size_t n) {
   std::string s = "[";

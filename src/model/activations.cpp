@@ -162,9 +162,14 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
   }
   SharedSlots& s = L.shared;
   comp = Component::Gradients;
+  // Attention in query tiles writes a tile's dq once it has read the tile's dout for the last
+  // time, so dq shares dattn there (Ulysses: dattn is read into dattn_full before dq is written).
+  const bool tiles = !o.ring && TiledAttention::tiled(o.attention_tile, int64_t(o.max_seq) * o.cp);
   s.dx = c({T, H}), s.dln = c({T, H}), s.dattn = c({T, Q});
-  s.dq = c({T, Q}), s.dk = c({T, KV}), s.dv = c({T, KV});
-  // The q-norm's input gradient is written once attention's backward has read dattn.
+  s.dq = tiles ? s.dattn : c({T, Q});
+  s.dk = c({T, KV}), s.dv = c({T, KV});
+  // The q-norm's input gradient is written once attention's backward has read dattn (in place
+  // where dq is dattn: the norm's backward reads a row before writing it).
   s.dq_raw = s.dattn, s.dk_raw = c({T, KV});
   if (o.recompute) {
     L.qk_raw_recomputed = true;
@@ -178,7 +183,8 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
     if (o.cp > 1) s.counts_global = i({E});
   }
   if (o.cp > 1 && !o.ring) {
-    s.dattn_full = c({T, Q}), s.dq_full = c({T, Q}), s.dk_full = c({T, KV}), s.dv_full = c({T, KV});
+    s.dattn_full = c({T, Q}), s.dq_full = tiles ? s.dattn_full : c({T, Q});
+    s.dk_full = c({T, KV}), s.dv_full = c({T, KV});
   }
   // Dense-layer and shared-expert FFN gradients share one pair of buffers of the wider width.
   const int64_t ffn_w = std::max(any_dense ? d.dense_ffn : 0, any_moe ? d.shared_ffn : 0);

@@ -158,13 +158,38 @@ void TiledAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tens
     }
 }
 
+void TiledAttention::backward_short(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
+                                    const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& out, const Tensor& lse, int batch, float scale) {
+  const int64_t seq = batch > 0 && q.ndim == 3 ? q.shape[0] / batch : 0;
+  MOP_CHECK(tile_ > 0 && seq > 0 && seq <= tile_, "tiled attention backward: dq shares dout, which "
+            "needs sequences of at most one tile (", tile_, " tokens), not ", seq);
+  // Each sequence's gradients in the tile's buffers, then copied out (its dout is read by then).
+  Tensor part_dq = at(part_q_, cdt_, {tile_, nq_, dim_}).rows(0, seq);
+  Tensor part_dk = at(part_dk_, cdt_, {tile_, nkv_, dim_}).rows(0, seq);
+  Tensor part_dv = at(part_dv_, cdt_, {tile_, nkv_, dim_}).rows(0, seq);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t r0 = b * seq, r1 = r0 + seq;
+    Tensor lse_b = lse.view({lse.numel()}).rows(r0 * nq_, r1 * nq_).view({1, nq_, seq});
+    ops_.attention_bwd(part_dq, part_dk, part_dv, dout.rows(r0, r1), q.rows(r0, r1), k.rows(r0, r1),
+                       v.rows(r0, r1), out.rows(r0, r1), lse_b, 1, scale, true);
+    ops_.copy(dq.rows(r0, r1), part_dq);
+    ops_.copy(dk.rows(r0, r1), part_dk);
+    ops_.copy(dv.rows(r0, r1), part_dv);
+  }
+}
+
 void TiledAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                               const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                               int batch, float scale, Tensor lent) {
   if (!runs_tiled(q, batch)) {
-    ops_.attention_bwd(dq, dk, dv, dout, q, k, v, out,
-                       lse.view({batch, nq_, lse.numel() / (int64_t(batch) * nq_)}), batch, scale,
-                       true);
+    if (!overlap(dq, dout)) {
+      ops_.attention_bwd(dq, dk, dv, dout, q, k, v, out,
+                         lse.view({batch, nq_, lse.numel() / (int64_t(batch) * nq_)}), batch,
+                         scale, true);
+      return;
+    }
+    backward_short(dq, dk, dv, dout, q, k, v, out, lse, batch, scale);
     return;
   }
   const int64_t seq = check(q, k, lse, batch, "tiled attention backward"), c = tile_;

@@ -51,7 +51,9 @@ class TiledAttention {
   void forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                int batch, float scale);
   // dq, dk, dv (overwritten) from dout and the forward's q, k, v, out and lse. lent: scratch for
-  // the dK/dV sums (built with lend_sums; its contents are overwritten), else unused.
+  // the dK/dV sums (built with lend_sums; its contents are overwritten), else unused. dq may be
+  // dout itself (a tile's dq is written once its dout has been read for the last time) wherever
+  // this object has a tile: a sequence of at most one tile then goes through the tile's buffers.
   void backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                 const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, int batch,
                 float scale, Tensor lent = Tensor());
@@ -66,6 +68,10 @@ class TiledAttention {
   int64_t check(const Tensor& q, const Tensor& k, const Tensor& lse, int batch, const char* op) const;
   // lse block of sequence b's tile starting at row s0 (c rows): [1, Nq, c].
   Tensor lse_tile(const Tensor& lse, int64_t seq, int64_t b, int64_t s0) const;
+  // backward of sequences no longer than a tile whose dq is dout (through the tile's buffers).
+  void backward_short(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
+                      const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                      int batch, float scale);
   // acc += part (part in the compute dtype, acc in the acc dtype).
   void accumulate(Tensor acc, const Tensor& part);
   Tensor at(size_t offset, DType dtype, std::initializer_list<int64_t> dims) const;

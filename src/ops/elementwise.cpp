@@ -6,13 +6,6 @@
 #include "ops/ops.h"
 
 namespace mop {
-namespace {
-bool overlap(const Tensor& a, const Tensor& b) {
-  const char *pa = static_cast<const char*>(a.data), *pb = static_cast<const char*>(b.data);
-  return a.numel() > 0 && b.numel() > 0 && pa < pb + b.bytes() && pb < pa + a.bytes();
-}
-}  // namespace
-
 void Ops::fill(Tensor x, double value) {
   MOP_CHECK(x.device == device(), "fill: x is on ", device_name(x.device), ", expected ",
             device_name(device()));

@@ -21,10 +21,6 @@ void Ops::gemm(Tensor c, const Tensor& a, bool trans_a, const Tensor& b, bool tr
   MOP_CHECK(c.dtype == dt || c.dtype == acc_dtype(dt), "gemm: c has dtype ", dtype_name(c.dtype),
             ", expected ", dtype_name(dt), " or ", dtype_name(acc_dtype(dt)));
   expect(c, "gemm: c", c.dtype, {m, n});
-  const auto overlap = [](const Tensor& x, const Tensor& y) {
-    const char *px = static_cast<const char*>(x.data), *py = static_cast<const char*>(y.data);
-    return x.numel() > 0 && y.numel() > 0 && px < py + y.bytes() && py < px + x.bytes();
-  };
   MOP_CHECK(!overlap(c, a) && !overlap(c, b), "gemm: c must not alias a or b");
   run(OpId::gemm, &OpsBackend::gemm, c, a, trans_a, b, trans_b, alpha, beta);
 }

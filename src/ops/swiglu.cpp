@@ -4,13 +4,6 @@
 #include "ops/ops.h"
 
 namespace mop {
-namespace {
-bool overlap(const Tensor& a, const Tensor& b) {
-  const char *pa = static_cast<const char*>(a.data), *pb = static_cast<const char*>(b.data);
-  return a.numel() > 0 && b.numel() > 0 && pa < pb + b.bytes() && pb < pa + a.bytes();
-}
-}  // namespace
-
 void Ops::swiglu_fwd(Tensor h, const Tensor& gu) {
   MOP_CHECK(gu.ndim == 2 && gu.shape[1] % 2 == 0, "swiglu_fwd: gu must be [M,2F], is ",
             gu.shape_str());

@@ -2,7 +2,8 @@
 // divides the sequence (1 token up to the whole), batch 2 and GQA 2, out, lse, dq, dk and dv equal
 // one causal call to fp64 rounding, and to fp32 rounding in fp32; a tile of the whole sequence is
 // the plain op bit for bit; sequences that are no multiple of the tile take the plain op; dK/dV
-// sums in a buffer the caller lends give the same bits as in the tiled attention's own; the
+// sums in a buffer the caller lends give the same bits as in the tiled attention's own, and so
+// does dq written over dout; the
 // plan's buffers are bounded by the tile but for the dK/dV sums. The [gpu] case (cuDNN blocks
 // against the reference) is in tests/ops/attention_test.cpp, the whole training step in
 // tests/model/long_context_test.cpp.
@@ -35,11 +36,14 @@ HostTensor filled(DType dt, std::initializer_list<int64_t> dims, uint64_t seed) 
 
 // One forward and backward through `tile` (0: the plain op); lse returned in the plain layout
 // [batch, Nq, S] (a tiled call's is tile-major, see tiled_attention.h).
-// lend: the dK/dV sums in a buffer the caller lends (filled with garbage first).
-Grads run(Ops& ops, DType dt, int64_t tile, int64_t seq = kSeq, bool lend = false) {
+// lend: the dK/dV sums in a buffer the caller lends (filled with garbage first); dq_in_dout:
+// backward writes dq over dout (what the model does when it tiles).
+Grads run(Ops& ops, DType dt, int64_t tile, int64_t seq = kSeq, bool lend = false,
+          bool dq_in_dout = false) {
   const int64_t T = kBatch * seq;
   const HostTensor q = filled(dt, {T, kNq, kDim}, 1), k = filled(dt, {T, kNkv, kDim}, 2);
-  const HostTensor v = filled(dt, {T, kNkv, kDim}, 3), dout = filled(dt, {T, kNq, kDim}, 4);
+  const HostTensor v = filled(dt, {T, kNkv, kDim}, 3);
+  HostTensor dout = filled(dt, {T, kNq, kDim}, 4);
   const DType adt = acc_dtype(dt);
   Grads g{HostTensor(dt, {T, kNq, kDim}), HostTensor(adt, {T * kNq}), HostTensor(dt, {T, kNq, kDim}),
           HostTensor(dt, {T, kNkv, kDim}), HostTensor(dt, {T, kNkv, kDim})};
@@ -48,7 +52,9 @@ Grads run(Ops& ops, DType dt, int64_t tile, int64_t seq = kSeq, bool lend = fals
   fill_uniform(lent, 9, -1e3, 1e3);
   const float scale = float(1 / std::sqrt(double(kDim)));
   attn.forward(g.out, g.lse, q, k, v, kBatch, scale);
-  attn.backward(g.dq, g.dk, g.dv, dout, q, k, v, g.out, g.lse, kBatch, scale, lend ? Tensor(lent) : Tensor());
+  attn.backward(dq_in_dout ? dout.t : g.dq.t, g.dk, g.dv, dout, q, k, v, g.out, g.lse, kBatch,
+                scale, lend ? Tensor(lent) : Tensor());
+  if (dq_in_dout) g.dq = dout;
   if (TiledAttention::tiled(tile, seq) && seq % tile == 0) {  // tile-major → [batch, Nq, S]
     HostTensor plain(adt, {T * kNq});
     for (int64_t b = 0; b < kBatch; ++b)
@@ -132,6 +138,31 @@ TEST_CASE("tiled attention with a tile of the whole sequence, or one that does n
   const Grads short_plain = run(*ops, DType::F32, 0, 20), short_tiled = run(*ops, DType::F32, 8, 20);
   CHECK(bitwise_equal(short_tiled.out, short_plain.out));
   CHECK(bitwise_equal(short_tiled.dq, short_plain.dq));
+}
+
+TEST_CASE("tiled attention may write dq over dout: the same bits, tiled or one tile long",
+          "[cpu][model]") {
+  auto ops = make_cpu_ops();
+  for (int64_t tile : {1, 6, 12}) {  // the whole 24-token sequences in tiles
+    INFO("tile " << tile);
+    const Grads own = run(*ops, DType::F32, tile), shared = run(*ops, DType::F32, tile, kSeq, true, true);
+    CHECK(max_abs(own.dq) > 0.1);
+    CHECK(bitwise_equal(shared.dq, own.dq));
+    CHECK(bitwise_equal(shared.dk, own.dk));
+    CHECK(bitwise_equal(shared.dv, own.dv));
+  }
+  // Sequences of at most one tile (8 tokens against a planned tile of 8 or 12) run as one call
+  // each, through the tile's buffers: the plain op's bits.
+  for (int64_t tile : {8, 12}) {
+    INFO("tile " << tile);
+    const Grads plain = run(*ops, DType::F32, 0, 8), shared = run(*ops, DType::F32, tile, 8, false, true);
+    CHECK(bitwise_equal(shared.dq, plain.dq));
+    CHECK(bitwise_equal(shared.dk, plain.dk));
+    CHECK(bitwise_equal(shared.dv, plain.dv));
+  }
+  // Longer sequences that are no multiple of the tile would need a second dq buffer: refused.
+  CHECK_THROWS_WITH(run(*ops, DType::F32, 8, 20, false, true),
+                    Catch::Contains("needs sequences of at most one tile"));
 }
 
 TEST_CASE("tiled attention's buffers grow with the tile, but for the dK/dV sums of a sequence",

@@ -463,6 +463,10 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
   const std::string kLong = ", recompute: true, moe_chunk: 5, offload_layers: 1, keep_attention: 2";
   for (int ep : {2, 4}) runs.push_back({1, ep, "auto", kHeads, 2, kLong});
   runs.push_back({2, 2, "ring", kHeads, 2, kLong});
+  // Attention in query tiles of 8 of the 32 tokens (dq sharing dattn), on one rank's whole
+  // sequences and on Ulysses' head shards, against the 1-rank run's one call per sequence.
+  for (int cp : {1, 2, 4})
+    runs.push_back({cp, 2, cp > 1 ? "ulysses" : "auto", kHeads, 2, ", recompute: true, attention_tile: 8"});
   for (const Run& run : runs) {
     const int cp = run.cp, ep = run.ep;
     if (N % cp || N % ep) continue;
