@@ -405,6 +405,18 @@ void validate(const Config& c) {
     MOP_USER_CHECK(a.cp == 1 || a.impl != "ring", "train.attention_tile: ring attention "
                    "(parallel.attention.impl: ring) runs its own blocks; leave the tile at -1 or 0");
   }
+  if (c.train.keep_attention_tail > 0) {
+    MOP_USER_CHECK(c.train.recompute && a.cp == 1 && c.train.micro_batch_size == 1 &&
+                       c.train.attention_tile != 0,
+                   "train.keep_attention_tail: kept tails are the last query tiles of one sequence: "
+                   "they need train.recompute: true, parallel.attention.cp 1, train.micro_batch_size 1 "
+                   "and attention in query tiles (train.attention_tile not 0)");
+    MOP_USER_CHECK(c.train.attention_tile < 0 ||
+                       c.train.keep_attention_tail < c.data.seq_len / c.train.attention_tile,
+                   "train.keep_attention_tail: ", c.train.keep_attention_tail, " tiles of ",
+                   c.train.attention_tile, " tokens leave none of data.seq_len (", c.data.seq_len,
+                   ") to recompute; keep the whole output with train.keep_attention instead");
+  }
   validate_growth(c);
   MOP_USER_CHECK(c.optim.min_lr <= c.optim.lr, "optim.min_lr: ", c.optim.min_lr,
                  " exceeds optim.lr (", c.optim.lr, ")");

@@ -131,6 +131,7 @@ struct TrainConfig {
   int64_t moe_chunk = -1;          // tokens per MoE/FFN chunk; 0: whole micro-batch; -1: the plan's
   int64_t offload_layers = -1;     // recompute: layers whose saved tensors go to host; -1: the plan's
   int64_t keep_attention = -1;     // recompute: layers that keep attention's output; -1: the plan's
+  int64_t keep_attention_tail = -1;  // recompute, query tiles: last tiles the other layers keep; -1: the plan's
   int64_t attention_tile = -1;     // tokens per query tile of attention; 0: whole sequences; -1: the plan's
   std::string on_nonfinite = "skip";  // skip | abort
   int64_t lm_head_chunk = 1024;       // tokens per fused LM-head/loss chunk

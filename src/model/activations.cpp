@@ -80,6 +80,15 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
                 o.keep_attention <= d.layers,
             "host_layers ", o.host_layers, ", keep_attention ", o.keep_attention, " of ", d.layers, " layers");
   MOP_CHECK(o.keep_attention == 0 || o.cp == 1 || o.ring, "kept attention needs cp 1 or ring attention");
+  // Kept tails: the last tiles of a micro-batch of one sequence (contiguous rows of attn and lse).
+  const int64_t tail_rows = o.keep_attention < d.layers ? o.keep_attention_tail * o.attention_tile : 0;
+  MOP_CHECK(o.keep_attention_tail >= 0 &&
+                (tail_rows == 0 || (o.recompute && o.cp == 1 && !o.ring && o.max_batch == 1 &&
+                                    TiledAttention::tiled(o.attention_tile, o.max_seq) &&
+                                    o.max_seq % o.attention_tile == 0 && tail_rows < o.max_seq)),
+            "kept attention tails of ", o.keep_attention_tail, " tiles need recompute, cp 1, one "
+            "sequence per micro-batch and fewer tiles than its ", o.max_seq, " tokens hold (tile ",
+            o.attention_tile, ")");
   Component comp = Component::Checkpoints;
   auto add = [&](DType dt, std::initializer_list<int64_t> dims) {
     L.device.push_back({Tensor(nullptr, dt, dims), comp});
@@ -101,6 +110,9 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
   L.xs_host.assign(size_t(L_), -1);
   L.attn_saved.assign(size_t(L_), -1), L.lse_saved.assign(size_t(L_), -1);
   L.attn_host.assign(size_t(L_), -1), L.lse_host.assign(size_t(L_), -1);
+  L.tail_saved.assign(size_t(L_), -1), L.tail_lse_saved.assign(size_t(L_), -1);
+  L.tail_host.assign(size_t(L_), -1), L.tail_lse_host.assign(size_t(L_), -1);
+  L.tail_rows = tail_rows;
   for (int l = 0; l <= L_; ++l) {
     if (l < o.host_layers) {
       L.xs.push_back(stage[l % 2]);
@@ -113,6 +125,13 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
         L.attn_host[size_t(l)] = host(cdt, {T, Q}), L.lse_host[size_t(l)] = host(adt, {T * d.heads});
       } else {
         L.attn_saved[size_t(l)] = c({T, Q}), L.lse_saved[size_t(l)] = a({T * d.heads});
+      }
+    } else if (l < L_ && tail_rows > 0) {
+      if (l < o.host_layers) {
+        L.tail_host[size_t(l)] = host(cdt, {tail_rows, Q});
+        L.tail_lse_host[size_t(l)] = host(adt, {tail_rows * d.heads});
+      } else {
+        L.tail_saved[size_t(l)] = c({tail_rows, Q}), L.tail_lse_saved[size_t(l)] = a({tail_rows * d.heads});
       }
     }
   }

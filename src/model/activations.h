@@ -53,6 +53,12 @@ struct ActivationOptions {
   // With recompute: layers [0, host_layers) keep their saved tensors in pinned host memory, the
   // others on the device; layers [0, keep_attention) keep their attention output and lse.
   int host_layers = 0, keep_attention = 0;
+  // With recompute and attention in query tiles (cp 1, micro-batches of one sequence): the other
+  // layers [keep_attention, L) keep the last keep_attention_tail query tiles of their attention
+  // output and lse, and their recompute runs the tiles before them only. A tile late in the
+  // sequence costs the most to recompute (tile i sees i + 1 key tiles), so keeping the last t of
+  // n tiles saves 1 − (1 − t/n)² of a layer's recompute for t/n of its memory.
+  int keep_attention_tail = 0;
   // Tokens per query tile of the causal attention over whole sequences (cp 1 or Ulysses; see
   // model/tiled_attention.h); 0, or at least the sequence: one call.
   int64_t attention_tile = 0;
@@ -106,6 +112,11 @@ struct ActivationLayout {
   // output [T,Q] and lse [T·Nq] on the device (attn_saved) or in host memory (attn_host), -1
   // where the layer recomputes its attention.
   std::vector<int> xs_host, attn_saved, lse_saved, attn_host, lse_host;
+  // The kept tails of the other layers (keep_attention_tail): the last tail_rows rows of the
+  // attention output [tail_rows,Q] and lse [tail_rows·Nq] (tile-major: the tail tiles' blocks),
+  // on the device (tail_saved) or in host memory (tail_host); -1 where a layer keeps none.
+  std::vector<int> tail_saved, tail_lse_saved, tail_host, tail_lse_host;
+  int64_t tail_rows = 0;
   // With recompute, the q/k projections before their norms are transient: forward writes them
   // into the (then unused) gradient buffers dattn and dk_raw, and the backward projects them
   // again into q and k (free once attention's backward has run) for the norms' backward.

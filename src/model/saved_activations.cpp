@@ -23,7 +23,7 @@ SavedActivations::~SavedActivations() { copy_.get().synchronize(); }
 
 bool SavedActivations::any_on_host() const {
   for (size_t l = 0; l < layers_.size(); ++l)
-    if (input_on_host(int(l)) || attention_on_host(int(l))) return true;
+    if (input_on_host(int(l)) || attention_on_host(int(l)) || tail_on_host(int(l))) return true;
   return false;
 }
 
@@ -61,12 +61,33 @@ void SavedActivations::before_set_attention_written() {
   if (last_attn_out_ >= 0) compute_.wait(layers_[size_t(last_attn_out_)].attn_out);
 }
 
+SavedActivations::Kept SavedActivations::kept(int l, const Tensor& attn, const Tensor& lse) const {
+  if (attention_on_host(l))
+    return {host_.tensor(plan_.attn_host[size_t(l)]), host_.tensor(plan_.lse_host[size_t(l)]), attn, lse};
+  // A tail: the last tail_rows rows of attn, the last tail_rows·Nq elements of lse (tile-major).
+  const int64_t r = plan_.tail_rows, T = attn.shape[0], nq = lse.numel() / T;
+  MOP_CHECK(r > 0 && r < T && lse.numel() == T * nq, "saved activations: a tail of ", r, " rows of ",
+            attn.shape_str());
+  const Tensor flat = lse.view({lse.numel()});
+  const bool on_host = tail_on_host(l);
+  return {on_host ? host_.tensor(plan_.tail_host[size_t(l)]) : device_.tensor(plan_.tail_saved[size_t(l)]),
+          on_host ? host_.tensor(plan_.tail_lse_host[size_t(l)]) : device_.tensor(plan_.tail_lse_saved[size_t(l)]),
+          attn.rows(T - r, T), flat.rows((T - r) * nq, T * nq)};
+}
+
 void SavedActivations::attention_written(int l, const Tensor& attn, const Tensor& lse) {
-  if (!attention_on_host(l)) return;
+  if (tail_on_device(l)) {  // on the compute stream, before the set's attn is rewritten
+    const Kept k = kept(l, attn, lse);
+    copy(k.attn, k.set_attn, k.set_attn.bytes(), compute_);
+    copy(k.lse, k.set_lse, k.set_lse.bytes(), compute_);
+    return;
+  }
+  if (!attention_on_host(l) && !tail_on_host(l)) return;
   PerLayer& p = layers_[size_t(l)];
+  const Kept k = kept(l, attn, lse);
   after_compute(compute_point_);
-  copy(host_.tensor(plan_.attn_host[size_t(l)]), attn, attn.bytes(), copy_.get());
-  copy(host_.tensor(plan_.lse_host[size_t(l)]), lse, lse.bytes(), copy_.get());
+  copy(k.attn, k.set_attn, k.set_attn.bytes(), copy_.get());
+  copy(k.lse, k.set_lse, k.set_lse.bytes(), copy_.get());
   p.attn_out.record(copy_.get());
   last_attn_out_ = l;
 }
@@ -89,16 +110,23 @@ void SavedActivations::wait_input(int l) {
 }
 
 void SavedActivations::fetch_attention(int l, Tensor attn, Tensor lse) {
-  if (l < 0 || !attention_on_host(l)) return;
+  if (l < 0 || (!attention_on_host(l) && !tail_on_host(l))) return;
   PerLayer& p = layers_[size_t(l)];
+  const Kept k = kept(l, attn, lse);
   after_compute(compute_point_);
-  copy(attn, host_.tensor(plan_.attn_host[size_t(l)]), attn.bytes(), copy_.get());
-  copy(lse, host_.tensor(plan_.lse_host[size_t(l)]), lse.bytes(), copy_.get());
+  copy(k.set_attn, k.attn, k.set_attn.bytes(), copy_.get());
+  copy(k.set_lse, k.lse, k.set_lse.bytes(), copy_.get());
   p.attn_in.record(copy_.get());
 }
 
-void SavedActivations::wait_attention(int l) {
-  if (attention_on_host(l)) compute_.wait(layers_[size_t(l)].attn_in);
+void SavedActivations::restore_attention(int l, Tensor attn, Tensor lse) {
+  if (attention_on_host(l) || tail_on_host(l)) {
+    compute_.wait(layers_[size_t(l)].attn_in);
+  } else if (tail_on_device(l)) {
+    const Kept k = kept(l, attn, lse);
+    copy(k.set_attn, k.attn, k.set_attn.bytes(), compute_);
+    copy(k.set_lse, k.lse, k.set_lse.bytes(), compute_);
+  }
 }
 
 void SavedActivations::finish() {

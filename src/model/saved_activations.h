@@ -1,5 +1,6 @@
 // The saved tensors of a recomputing model between its forward and its backward: each layer's
-// input and, where the activation plan keeps it, its attention output and lse (model/activations.h).
+// input and, where the activation plan keeps it, its attention output and lse, or the last tiles
+// of them (model/activations.h).
 // Layers whose saved tensors live in pinned host memory pass them through device buffers: the
 // input through one of two stages, the attention through the activation set's own attn/lse. A
 // side copy stream takes them to the host as forward writes them and brings them back one layer
@@ -25,9 +26,14 @@ class SavedActivations {
   ~SavedActivations();
 
   bool input_on_host(int l) const { return plan_.xs_host[size_t(l)] >= 0; }
+  // Whole attention outputs kept, on the device or the host; kept tails, on either.
   bool attention_kept(int l) const { return attention_on_device(l) || attention_on_host(l); }
   bool attention_on_device(int l) const { return plan_.attn_saved[size_t(l)] >= 0; }
   bool attention_on_host(int l) const { return plan_.attn_host[size_t(l)] >= 0; }
+  bool tail_kept(int l) const { return tail_on_device(l) || tail_on_host(l); }
+  bool tail_on_device(int l) const { return plan_.tail_saved[size_t(l)] >= 0; }
+  bool tail_on_host(int l) const { return plan_.tail_host[size_t(l)] >= 0; }
+  int64_t tail_rows() const { return plan_.tail_rows; }
   bool any_on_host() const;
 
   // Forward. Before x_l is written (into its stage: its previous occupant must be on the host),
@@ -35,7 +41,8 @@ class SavedActivations {
   void before_input_written(int l);
   void input_written(int l, int64_t rows);
   // Before any attention output is written into the activation set's attn/lse, and once a
-  // host-kept layer's is (start its copy out).
+  // layer's is: a host-kept layer's (or tail's) copy out starts, a device-kept tail is copied
+  // into its slot on the compute stream.
   void before_set_attention_written();
   void attention_written(int l, const Tensor& attn, const Tensor& lse);
 
@@ -43,15 +50,22 @@ class SavedActivations {
   // the compute stream wait for it.
   void fetch_input(int l, int64_t rows);
   void wait_input(int l);
-  // Queue a host-kept layer's attention back into the set's attn/lse (once the later layer's
-  // backward has read them), and wait for it before the recompute reads them.
+  // Queue a host-kept layer's attention (or tail) back into the set's attn/lse (once the later
+  // layer's backward has read them). Before the recompute reads them: wait for it, or copy a
+  // device-kept tail into the set.
   void fetch_attention(int l, Tensor attn, Tensor lse);
-  void wait_attention(int l);
+  void restore_attention(int l, Tensor attn, Tensor lse);
   // After the backward: nothing is in flight.
   void finish();
 
  private:
   void after_compute(Event& e);  // records on the compute stream, the copy stream waits for it
+  // Layer l's kept attention (whole on the host, or a tail on either side) and the part of the
+  // set's attn/lse it is kept for.
+  struct Kept {
+    Tensor attn, lse, set_attn, set_lse;
+  };
+  Kept kept(int l, const Tensor& attn, const Tensor& lse) const;
 
   Ops& ops_;
   const ActivationLayout& plan_;

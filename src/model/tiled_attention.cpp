@@ -128,7 +128,13 @@ void TiledAttention::accumulate(Tensor acc, const Tensor& part) {
 }
 
 void TiledAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, int batch, float scale) {
+                             const Tensor& v, int batch, float scale, int64_t rows) {
+  const int64_t T = q.ndim == 3 ? q.shape[0] : 0;
+  if (rows >= 0 && rows != T) {
+    MOP_CHECK(batch == 1 && runs_tiled(q, batch) && rows > 0 && rows < T && rows % tile_ == 0,
+              "tiled attention forward: the first ", rows, " of ", T, " rows in ", batch,
+              " sequence(s) are not whole tiles of ", tile_, " of one tiled sequence");
+  }
   if (!runs_tiled(q, batch)) {
     ops_.attention_fwd(out, lse.view({batch, nq_, lse.numel() / (int64_t(batch) * nq_)}), q, k,
                        v, batch, scale, true);
@@ -137,8 +143,9 @@ void TiledAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tens
   const int64_t seq = check(q, k, lse, batch, "tiled attention forward"), c = tile_;
   Tensor acc = at(acc_, adt_, {c, nq_, dim_}), part_o = at(part_q_, cdt_, {c, nq_, dim_});
   Tensor part_lse = at(part_lse_, adt_, {1, nq_, c});
+  const int64_t end = rows >= 0 && rows < T ? rows : seq;  // query rows of each sequence to compute
   for (int64_t b = 0; b < batch; ++b)
-    for (int64_t i0 = 0; i0 < seq; i0 += c) {
+    for (int64_t i0 = 0; i0 < end; i0 += c) {
       const int64_t q0 = b * seq + i0;
       Tensor lse_i = lse_tile(lse, seq, b, i0);
       if (i0 == 0) {  // the first tile sees only itself: one causal call, nothing to merge

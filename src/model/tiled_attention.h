@@ -48,8 +48,10 @@ class TiledAttention {
   static int64_t calls_per_sequence(int64_t tile, int64_t seq);
 
   // q [T,Nq,D], k/v [T,Nkv,D], out [T,Nq,D], lse acc [T·Nq] (layout above); T = batch·seq.
+  // rows < T (one tiled sequence, a multiple of the tile): only the query tiles of the first
+  // `rows` tokens (a recompute whose later tiles were kept); the rest of out and lse is untouched.
   void forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-               int batch, float scale);
+               int batch, float scale, int64_t rows = -1);
   // dq, dk, dv (overwritten) from dout and the forward's q, k, v, out and lse. lent: scratch for
   // the dK/dV sums (built with lend_sums; its contents are overwritten), else unused. dq may be
   // dout itself (a tile's dq is written once its dout has been read for the last time) wherever

@@ -426,14 +426,17 @@ void Transformer::layer_fwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
   ops_.rope_fwd(q3, b.positions, theta);
   ops_.rope_fwd(k3, b.positions, theta);
   if (recompute && saved_->attention_kept(l)) {
-    saved_->wait_attention(l);  // kept on the host: back in the set by now
+    saved_->restore_attention(l, attn, lse);  // kept on the host: back in the set by now
   } else {
     if (saved_ && !saved_->attention_on_device(l)) saved_->before_set_attention_written();
+    // A kept tail comes back into the set; the recompute runs the query tiles before it only.
+    const bool tail = recompute && saved_->tail_kept(l);
+    if (tail) saved_->restore_attention(l, attn, lse);
     if (cp_ > 1) {
       attention_fwd(a, b, T, attn, lse);
     } else {
       tiled_->forward(attn.view({T, Nq, D}), lse, q3, k3, v3, b.batch,
-                      float(1.0 / std::sqrt(double(D))));
+                      float(1.0 / std::sqrt(double(D))), tail ? T - saved_->tail_rows() : T);
     }
     if (saved_ && training_ && !recompute) saved_->attention_written(l, attn, lse);
   }

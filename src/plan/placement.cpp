@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "model/params.h"
+#include "model/tiled_attention.h"
 
 namespace mop {
 
@@ -29,7 +30,10 @@ StateMoves state_moves(const Plan& p, const ModelLayout& local) {
   // Sliced parameters without streaming keep their slices' gradients on the device either way
   // (what the step runs): moving their state costs what moving whole parameters' does.
   const bool moving = p.stream_grads;
-  const double c = double(dtype_size(p.run.compute));
+  // Streamed, the host keeps the state the rank owns (12 bytes per element), the pinned bf16
+  // gradients and weights of the parameters it owns (4 per element of the whole parameter), and
+  // with several micro-batches every streamed gradient's running sum (plan.cpp, memory_of_rank).
+  const double running_sum = p.micro_batches > 1 ? double(dtype_size(p.run.grad)) : 0.0;
   StateMoves m;
   m.device_cost.assign(size_t(segments), 0), m.host_saving.assign(size_t(segments), 0);
   for (int q = 0; q < int(local.params.size()); ++q) {
@@ -42,12 +46,11 @@ StateMoves state_moves(const Plan& p, const ModelLayout& local) {
       m.device_cost[s] += 10.0 * e;
       m.need += 2.0 * e;
       m.host_saving[s] += 12.0 * state + 4.0 * e;
-    } else if (p.parallel.params[size_t(q)].kind == Sharding::Slice) {
-      m.device_cost[s] += 16.0 * state;
-      m.host_saving[s] += (12.0 + 4.0 + c) * state;
     } else {
-      m.device_cost[s] += 12.0 * state + 4.0 * double(aligned_numel(n));
-      m.host_saving[s] += (12.0 + 4.0 + c) * state;
+      const double whole = double(aligned_numel(n));
+      const bool sliced = p.parallel.params[size_t(q)].kind == Sharding::Slice;
+      m.device_cost[s] += sliced ? 16.0 * state : 12.0 * state + 4.0 * whole;
+      m.host_saving[s] += 12.0 * state + (p.owns(0, q) ? 4.0 * whole : 0.0) + running_sum * whole;
     }
   }
   return m;
@@ -87,22 +90,35 @@ std::vector<bool> place_state(Plan& p, const ModelLayout& local, size_t device_u
   return on_host;
 }
 
-// With recompute: which layers keep their attention output (layers [0, keep)) and which keep their
-// saved tensors in pinned host memory (layers [0, host)). Pinned counts are taken as given; the
-// plan's choice keeps as many attention outputs as memory holds (each saves a recomputed
-// attention) with as few host layers as the device needs (their copies hide behind the layers'
+// With recompute: which layers keep their attention output (layers [0, keep)), which keep the
+// last `tail` query tiles of it (the others, where attention runs in tiles over one sequence per
+// micro-batch), and which keep their saved tensors in pinned host memory (layers [0, host)).
+// Pinned counts are taken as given; the plan's choice saves the most recomputed attention that
+// memory holds, with as few host layers as the device needs (their copies hide behind the layers'
 // compute), planned with every optimizer state that may live on the host there — the state takes
 // what device memory is left afterwards (place_state).
 void place_saved(Plan& p, const ModelDims& local_dims) {
   ActivationOptions& ao = p.activation_options;
   const Config& cfg = p.cfg;
   const int L = int(p.dims.layers);
-  ao.host_layers = ao.keep_attention = 0;
+  ao.host_layers = ao.keep_attention = ao.keep_attention_tail = 0;
   if (!ao.recompute) return;
   const bool can_keep = p.cp == 1 || p.ring;
   const int pin_keep = int(cfg.train.keep_attention), pin_host = int(cfg.train.offload_layers);
+  // Tails: the last tiles of one tiled sequence per micro-batch on one rank's whole sequences.
+  const int64_t S = ao.max_seq, tile = ao.attention_tile;
+  const int tiles = p.cp == 1 && !p.ring && ao.max_batch == 1 && TiledAttention::tiled(tile, S) &&
+                            S % tile == 0
+                        ? int(S / tile)
+                        : 0;
+  const int pin_tail = int(cfg.train.keep_attention_tail);
+  MOP_USER_CHECK(pin_tail <= 0 || (tiles > 0 && pin_tail < tiles), "train.keep_attention_tail: ",
+                 pin_tail, " tiles need attention in query tiles over one sequence per micro-batch "
+                 "with more tiles than that (this plan: ", tiles ? std::to_string(tiles) + " tiles of " +
+                 std::to_string(tile) + " tokens" : std::string("no tiles"), ")");
   if (p.run.device == Device::CPU) {  // one memory: nothing to offload
     ao.keep_attention = pin_keep >= 0 ? pin_keep : (can_keep ? L : 0);
+    ao.keep_attention_tail = std::max(0, pin_tail);
     ao.host_layers = std::max(0, pin_host);
     return;
   }
@@ -118,9 +134,11 @@ void place_saved(Plan& p, const ModelDims& local_dims) {
   const bool moving = p.stream_grads;
   const StateMoves moves = mode == "auto" ? state_moves(trial, local) : StateMoves{};
   const double capacity = p.machine.device.memory_bytes - p.machine.device.reserve_bytes;
+  int tail = std::max(0, pin_tail);  // the tail the trials below keep
   auto fits = [&](int keep, int host) {
-    trial.activation_options.keep_attention = keep, trial.activation_options.host_layers = host;
-    trial.activations = plan_activations(local_dims, trial.activation_options);
+    ActivationOptions& o = trial.activation_options;
+    o.keep_attention = keep, o.host_layers = host, o.keep_attention_tail = keep < L ? tail : 0;
+    trial.activations = plan_activations(local_dims, o);
     trial.memory = base;
     trial.memory.activations = trial.activations.device_bytes();
     trial.memory.host_activations = trial.activations.host_bytes();
@@ -138,9 +156,9 @@ void place_saved(Plan& p, const ModelDims& local_dims) {
   };
   const int keep_hi = pin_keep >= 0 ? pin_keep : (can_keep ? L : 0), keep_lo = pin_keep >= 0 ? pin_keep : 0;
   const int host_lo = pin_host >= 0 ? pin_host : 0, host_hi = pin_host >= 0 ? pin_host : L;
-  // More host layers take device memory off and put host memory on; more kept layers take both.
-  // So for each kept count the fewest host layers that fit the device is a bisection, and the
-  // kept counts that fit at all are a prefix from keep_lo: bisect them too.
+  // More host layers take device memory off and put host memory on; more kept layers (or a
+  // longer tail) take both. So for each kept count the fewest host layers that fit the device is
+  // a bisection, and the kept counts that fit at all are a prefix from keep_lo: bisect them too.
   auto fewest_host = [&](int keep) {  // -1: no host count fits
     if (!fits(keep, host_hi)) {
       // The device may not fit even with every layer on the host, or the host may not: try the
@@ -156,20 +174,41 @@ void place_saved(Plan& p, const ModelDims& local_dims) {
     }
     return lo;
   };
-  if (int h = fewest_host(keep_hi); h >= 0) {
-    ao.keep_attention = keep_hi, ao.host_layers = h;
+  struct Choice {
+    int keep = -1, host = -1, tail = 0;
+  };
+  auto most_kept = [&]() {  // the most kept layers that fit with `tail`; keep -1: none fits
+    if (int h = fewest_host(keep_hi); h >= 0) return Choice{keep_hi, h, tail};
+    Choice best;
+    int lo = keep_lo, hi = keep_hi - 1;
+    while (lo <= hi) {
+      const int mid = (lo + hi) / 2;
+      if (int h = fewest_host(mid); h >= 0) best = {mid, h, tail}, lo = mid + 1; else hi = mid - 1;
+    }
+    return best;
+  };
+  Choice best = most_kept();
+  if (pin_tail < 0 && tiles > 1 && best.keep >= 0 && best.keep < L) {
+    // Recomputing the first m of n tiles runs m(m−1)/2 full blocks and m causal ones (half a
+    // full block each): m²/2 blocks. Each tail is priced by the recompute it leaves.
+    auto recompute = [&](const Choice& c) {
+      const double m = tiles - c.tail;
+      return double(L - c.keep) * m * m;
+    };
+    for (tail = 1; tail < tiles; ++tail) {
+      const Choice c = most_kept();
+      if (c.keep < 0) break;  // longer tails only take more memory
+      if (recompute(c) < recompute(best)) best = c;
+    }
+  }
+  if (best.keep >= 0) {
+    ao.keep_attention = best.keep, ao.host_layers = best.host;
+    ao.keep_attention_tail = best.keep < L ? best.tail : 0;
     return;
   }
-  int lo = keep_lo, hi = keep_hi - 1, best = -1, best_host = -1;  // the most kept layers that fit
-  while (lo <= hi) {
-    const int mid = (lo + hi) / 2;
-    if (int h = fewest_host(mid); h >= 0) best = mid, best_host = h, lo = mid + 1; else hi = mid - 1;
-  }
-  if (best >= 0) {
-    ao.keep_attention = best, ao.host_layers = best_host;
-    return;
-  }
-  ao.keep_attention = keep_lo, ao.host_layers = host_hi;  // does not fit: the fit check says why
+  // Does not fit: the fit check says why.
+  ao.keep_attention = keep_lo, ao.host_layers = host_hi;
+  ao.keep_attention_tail = keep_lo < L ? std::max(0, pin_tail) : 0;
 }
 
 }  // namespace mop

@@ -438,10 +438,14 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
     std::string note = "activations: ";
     note += ao.chunked(T) ? "MoE/FFN in chunks of " + std::to_string(ao.chunk_tokens(T)) + " tokens"
                           : "MoE/FFN over the whole micro-batch";
-    if (ao.recompute)
+    if (ao.recompute) {
       note += "; recompute, " + std::to_string(ao.keep_attention) + " of " + std::to_string(p.dims.layers) +
-              " layers keep their attention, " + std::to_string(ao.host_layers) +
-              " keep their saved tensors in host memory";
+              " layers keep their attention";
+      if (ao.keep_attention_tail)
+        note += ", the others its last " + std::to_string(ao.keep_attention_tail) + " of " +
+                std::to_string(ao.max_seq / ao.attention_tile) + " query tiles";
+      note += ", " + std::to_string(ao.host_layers) + " keep their saved tensors in host memory";
+    }
     p.notes.push_back(note);
   }
 

@@ -188,6 +188,7 @@ std::string plan_text(const Plan& p) {
     saved = ao.host_layers ? std::to_string(ao.host_layers) + "/" + std::to_string(p.dims.layers) + " on the host"
                            : std::string("on the GPU");
     if (ao.keep_attention) saved += "; " + std::to_string(ao.keep_attention) + " keep attention";
+    if (ao.keep_attention_tail) saved += "; tails of " + std::to_string(ao.keep_attention_tail) + " tiles";
     saved += "; rest recomputed";
   }
   row("layer inputs", saved, double(p.memory.activations_by_component[size_t(Component::Checkpoints)]),
@@ -251,6 +252,7 @@ Json plan_json(const Plan& p) {
   const int64_t tokens = int64_t(p.activation_options.max_batch) * p.activation_options.max_seq;
   f["moe_chunk_tokens"] = p.activation_options.chunk_tokens(tokens);
   f["keep_attention_layers"] = p.activation_options.keep_attention;
+  f["keep_attention_tail_tiles"] = p.activation_options.keep_attention_tail;
   f["attention_tile"] = TiledAttention::tiled(p.activation_options.attention_tile, p.cfg.data.seq_len)
                             ? p.activation_options.attention_tile : 0;
   f["host_layers"] = p.activation_options.host_layers;

@@ -130,9 +130,11 @@ class Model {
     mem(OpCategory::Other, op_bytes::norm(rows, cols, c_, backward), d_.norm_bw);
   }
   void ulysses(double width, int times);
-  void attention_fwd(double T);
+  // head < 1: the recompute of a layer that keeps the last tiles of its attention output runs
+  // the first head·S query rows only (causal attention over that prefix; cp 1).
+  void attention_fwd(double T, double head = 1);
   void attention_bwd(double T);
-  double whole_sequence_attention(double flops, bool backward) const;
+  double whole_sequence_attention(double flops, bool backward, double head = 1) const;
   void layer_fwd(int l, double T);
   void layer_bwd(int l, double T);
   void moe_fwd(double T);
@@ -182,18 +184,19 @@ void Model::ulysses(double width, int times) {
 }
 
 // Attention over whole sequences (cp 1, or Ulysses' heads/cp), in the plan's query tiles.
-double Model::whole_sequence_attention(double flops, bool backward) const {
+double Model::whole_sequence_attention(double flops, bool backward, double head) const {
   const ModelDims& d = p_.dims;
-  return attention_seconds(d_, flops, double(p_.cfg.train.micro_batch_size), double(p_.cfg.data.seq_len),
+  return attention_seconds(d_, flops, double(p_.cfg.train.micro_batch_size), head * double(p_.cfg.data.seq_len),
                            p_.activation_options.attention_tile, double(d.q_width()) / p_.cp,
                            double(d.kv_width()) / p_.cp, c_, backward);
 }
 
-void Model::attention_fwd(double T) {
+void Model::attention_fwd(double T, double head) {
   const ModelDims& d = p_.dims;
-  const double B = p_.cfg.train.micro_batch_size, S = double(p_.cfg.data.seq_len);
+  const double B = p_.cfg.train.micro_batch_size, S = head * double(p_.cfg.data.seq_len);
   const double D = double(d.head_dim), Nq = double(d.heads);
   const double causal = 2 * B * S * S * Nq * D / p_.cp;  // this rank's share of the causal FLOPs
+  MOP_CHECK(head == 1 || (p_.cp == 1 && !p_.ring), "a recomputed prefix of attention needs cp 1");
   if (p_.cp > 1 && !p_.ring) {
     ulysses(double(d.q_width()) / p_.cp, 1);
     ulysses(double(d.kv_width()) / p_.cp, 2);
@@ -209,7 +212,7 @@ void Model::attention_fwd(double T) {
     const double comm = (p_.cp - 1) * send_recv(step_bytes, cp_group_);
     overlapped_comm(comm, std::max(0.0, comm - blocks));  // each step's pass behind its blocks
   } else {
-    charge(OpCategory::Attention, whole_sequence_attention(causal, false));
+    charge(OpCategory::Attention, whole_sequence_attention(causal, false, head));
   }
   flop(causal);
 }
@@ -272,7 +275,8 @@ void Model::offload(const std::vector<double>& fwd, const std::vector<double>& b
   double total = 0, exposed = 0;
   for (int j = 0; j < o.host_layers; ++j) {
     double bytes = T * double(d.hidden) * c_;
-    if (j < o.keep_attention) bytes += T * double(d.q_width()) * c_ + T * double(d.heads) * 4;
+    const double kept = j < o.keep_attention ? T : double(o.keep_attention_tail * o.attention_tile);
+    bytes += kept * (double(d.q_width()) * c_ + double(d.heads) * 4);
     const double out = bytes / l_.d2h, in = bytes / l_.h2d;
     const double out_window = fwd[size_t(j + 1)] + (j + 2 <= L ? fwd[size_t(j + 2)] : 0);
     const double in_window = j + 1 < L ? bwd[size_t(j + 2)] : bwd[size_t(L + 1)];
@@ -406,8 +410,13 @@ void Model::layer_fwd(int l, double T) {
   }
   mem(OpCategory::Attention, op_bytes::rope(T, Q, c_), d_.rope_bw);
   mem(OpCategory::Attention, op_bytes::rope(T, KV, c_), d_.rope_bw);
-  // A layer that keeps its attention output does not recompute it.
-  if (!(phase_ == Phase::Recompute && l < p_.activation_options.keep_attention)) attention_fwd(T);
+  // A layer that keeps its attention output does not recompute it; one that keeps the last tiles
+  // of it recomputes the tiles before them.
+  const ActivationOptions& o = p_.activation_options;
+  if (phase_ != Phase::Recompute)
+    attention_fwd(T);
+  else if (l >= o.keep_attention)
+    attention_fwd(T, 1 - double(o.keep_attention_tail * o.attention_tile) / double(p_.cfg.data.seq_len));
   mem(OpCategory::Other, 2 * T * H * c_, d_.copy_bw);
   gemm(T, H, Q, Pass::Fwd);
   norm(T, H, false);

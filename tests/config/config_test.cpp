@@ -111,6 +111,19 @@ TEST_CASE("config: bad input names the path and value", "[cpu][config]") {
                  "parallel: {attention: {cp: 2, dp: 1, impl: ring}}") ==
         "train.attention_tile: ring attention (parallel.attention.impl: ring) runs its own blocks; "
         "leave the tile at -1 or 0");
+  // Kept attention tails: the last tiles of one recomputed sequence per micro-batch, fewer than all.
+  const std::string tails = "data: {seq_len: 96}\ntrain: {recompute: true, micro_batch_size: 1, global_batch_size: 1, ";
+  CHECK(error_of(tails + "attention_tile: 32, keep_attention_tail: 2}") == "");
+  CHECK(error_of(tails + "keep_attention_tail: 2}") == "");  // the plan's tile
+  CHECK(error_of(tails + "attention_tile: 32, keep_attention_tail: 3}") ==
+        "train.keep_attention_tail: 3 tiles of 32 tokens leave none of data.seq_len (96) to "
+        "recompute; keep the whole output with train.keep_attention instead");
+  const std::string needs = "train.keep_attention_tail: kept tails are the last query tiles of one sequence: they "
+                            "need train.recompute: true, parallel.attention.cp 1, train.micro_batch_size 1 and "
+                            "attention in query tiles (train.attention_tile not 0)";
+  CHECK(error_of(tails + "attention_tile: 0, keep_attention_tail: 1}") == needs);
+  CHECK(error_of("data: {seq_len: 96}\ntrain: {micro_batch_size: 1, global_batch_size: 1, keep_attention_tail: 1}") == needs);
+  CHECK(error_of("data: {seq_len: 96}\ntrain: {recompute: true, keep_attention_tail: 1}") == needs);
   // Sizes whose products overflow.
   CHECK(error_of("data: {seq_len: 16777216}\ntrain: {micro_batch_size: 1000, global_batch_size: 1000}") ==
         "train.micro_batch_size × data.seq_len = 16777216000 tokens per micro-batch exceeds 2^31 − 1");

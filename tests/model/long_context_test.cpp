@@ -30,7 +30,7 @@ optim: {lr: 0.01, warmup_steps: 0}
 data: {eos_id: 12, seq_len: 7}
 train: {micro_batch_size: 2, global_batch_size: 4}
 )";
-constexpr int kBatch = 2, kSeq = 7, kTokens = kBatch * kSeq;
+constexpr int kBatch = 2, kSeq = 7;
 
 struct Run {
   Config cfg = load_config_text(kModel);
@@ -40,14 +40,15 @@ struct Run {
   std::unique_ptr<Optimizer> optim;
   std::unique_ptr<Transformer> model;
   std::vector<float> losses;
+  int batch;  // sequences per micro-batch
 
-  explicit Run(const ActivationOptions& plan) {
+  explicit Run(const ActivationOptions& plan, int batch_ = kBatch) : batch(batch_) {
     params = std::make_unique<ParamStore>(layout, DType::F32, DType::F32, MemKind::Host);
     optim = std::make_unique<Optimizer>(cfg.optim, *params, *ops);
     optim->init_weights(11);
     TransformerOptions o;
     o.plan = plan;
-    o.plan.max_batch = kBatch, o.plan.max_seq = kSeq, o.plan.lm_head_chunk = 5;
+    o.plan.max_batch = batch, o.plan.max_seq = kSeq, o.plan.lm_head_chunk = 5;
     model = std::make_unique<Transformer>(layout, *params, *ops, o);
     model->allocate();
   }
@@ -56,14 +57,15 @@ struct Run {
     for (int step = 0; step < 2; ++step) {
       ops->fill(params->grads_flat(), 0);
       for (int mb = 0; mb < 2; ++mb) {
-        std::vector<int32_t> ids(kTokens), targets(kTokens), pos(kTokens);
-        for (int i = 0; i < kTokens; ++i) {
+        const int tokens = batch * kSeq;
+        std::vector<int32_t> ids(static_cast<size_t>(tokens)), targets(ids), pos(ids);
+        for (int i = 0; i < tokens; ++i) {
           ids[size_t(i)] = (i * 5 + mb * 3 + step * 7) % 12;
           targets[size_t(i)] = i % 6 == 5 ? -1 : (i * 7 + mb + step) % 13;
           pos[size_t(i)] = i % kSeq;
         }
-        Batch b{kBatch, kSeq, Tensor(ids.data(), DType::I32, {kTokens}),
-                Tensor(targets.data(), DType::I32, {kTokens}), Tensor(pos.data(), DType::I32, {kTokens})};
+        Batch b{batch, kSeq, Tensor(ids.data(), DType::I32, {tokens}),
+                Tensor(targets.data(), DType::I32, {tokens}), Tensor(pos.data(), DType::I32, {tokens})};
         model->forward_backward(b, 1.0f / 24, 0.5f);
         LossTerms t = model->take_losses();
         losses.insert(losses.end(), {float(t.ce_sum), float(t.aux), float(t.z)});
@@ -150,6 +152,35 @@ TEST_CASE("long context: attention in query tiles gives the plain step's losses 
     CHECK(close(r.grads, plain.grads));
     CHECK(differ(r.grads, plain.grads) > 0);  // the tiles did run: the sums' order changed
   }
+}
+
+// Kept tails: with query tiles (one token each here), layers that recompute their attention keep
+// its last tiles, on the device or in host memory, and recompute the tiles before them only. The
+// recomputed tiles are the forward's own calls, so the step equals the tiled step that recomputes
+// everything, bit for bit (micro-batches of one sequence, which tails need).
+TEST_CASE("long context: kept attention tails give the tiled step's bits", "[cpu][model]") {
+  ActivationOptions tiled;
+  tiled.attention_tile = 1, tiled.recompute = true;
+  Run plain(tiled, 1);
+  plain.train();
+  for (int tail : {1, 3, 6})
+    for (int keep : {0, 2})
+      for (int host : {0, 1, 4}) {
+        ActivationOptions o = tiled;
+        o.keep_attention_tail = tail, o.keep_attention = keep, o.host_layers = host;
+        Run r(o, 1);
+        r.train();
+        INFO("tail " << tail << ", kept layers " << keep << ", host layers " << host);
+        CHECK(differ(plain.losses, r.losses) == 0);
+        CHECK(differ(plain.grads, r.grads) == 0);
+        CHECK(differ(plain.weights, r.weights) == 0);
+      }
+  // Tails are refused where they cannot be cut from one tiled sequence.
+  ActivationOptions bad = tiled;
+  bad.keep_attention_tail = 2;
+  CHECK_THROWS_WITH(Run(bad, 2), Catch::Contains("one sequence per micro-batch"));
+  bad.keep_attention_tail = kSeq;
+  CHECK_THROWS_WITH(Run(bad, 1), Catch::Contains("fewer tiles"));
 }
 
 TEST_CASE("long context: the activation plan holds O(chunk) routed rows and saves where told",

@@ -467,6 +467,12 @@ TEST_CASE("trainer: N ranks equal 1 rank for every cp and ep", "[mpi]") {
   // sequences and on Ulysses' head shards, against the 1-rank run's one call per sequence.
   for (int cp : {1, 2, 4})
     runs.push_back({cp, 2, cp > 1 ? "ulysses" : "auto", kHeads, 2, ", recompute: true, attention_tile: 8"});
+  // ... and with the recomputing layers keeping their last 2 tiles, on the device or (the first
+  // layer's) on the host.
+  for (const char* host : {"0", "1"})
+    runs.push_back({1, 2, "auto", kHeads, 2,
+                    std::string(", recompute: true, attention_tile: 8, keep_attention: 0, keep_attention_tail: 2, "
+                                "offload_layers: ") + host});
   for (const Run& run : runs) {
     const int cp = run.cp, ep = run.ep;
     if (N % cp || N % ep) continue;

@@ -210,3 +210,31 @@ TEST_CASE("time model: the host update waits for the next forward only where it 
   CHECK(hidden.time.host_exposed < 0.5 * hidden.time.host_update);
   CHECK(hidden.time.host_exposed > 0);
 }
+
+TEST_CASE("time model: a kept attention tail leaves the recompute of the tiles before it", "[cpu][plan]") {
+  // One sequence of 128 tokens in 4 query tiles of 32, every layer recomputing its attention but
+  // for a tail of t tiles: the recompute is causal attention over the first 128 − 32·t tokens (in
+  // tiles: its FLOPs over the flat rate plus the merges' bytes), the rest of the step unchanged.
+  const double c = 32, Q = 64, L = 3, cb = 2;
+  auto attention = [&](int tail) {
+    const Config cfg = config("\ntrain: {global_batch_size: 1, micro_batch_size: 1, device: cuda, recompute: true, "
+                              "keep_attention: 0, attention_tile: 32, keep_attention_tail: " +
+                              std::to_string(tail) + "}");
+    const Plan p = make_plan(cfg, synthetic(), 1);
+    REQUIRE(p.activation_options.keep_attention_tail == tail);
+    return seconds(p, OpCategory::Attention);
+  };
+  // Forward attention over h tiles of one sequence: 2·(h·c)²·Q FLOPs; merges (acc and lse read
+  // and written, the block's output read) for every block but each tile's first, and each
+  // tile's copy out of its fp32 accumulator, but the first tile's (one causal call).
+  auto forward = [&](double h) {
+    const double blocks = h * (h + 1) / 2;
+    const double bytes = (blocks - 1) * c * Q * (2 * 4 + cb) + (h - 1) * c * Q * (4 + cb);
+    return 2 * (h * c) * (h * c) * Q / kFlops + bytes / kBw;
+  };
+  const double none = attention(0);
+  for (int tail : {1, 2, 3}) {
+    INFO("tail " << tail);
+    CHECK(none - attention(tail) == Approx(L * (forward(4) - forward(4 - tail))).epsilon(1e-6));
+  }
+}
