@@ -117,6 +117,11 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
     if (l < o.host_layers) {
       L.xs.push_back(stage[l % 2]);
       L.xs_host[size_t(l)] = host(cdt, {T, H});
+    } else if (l == L_ && o.host_layers == L_ && L_ >= 2) {
+      // Every layer's input on the host: x_L (read by the final norm, forward and backward, and
+      // never copied out) takes x_{L-2}'s stage once that is on the host; x_{L-2} comes back
+      // into it during layer L-1's backward, after the final norm's.
+      L.xs.push_back(stage[l % 2]);
     } else {
       L.xs.push_back(c({T, H}));
     }

@@ -105,7 +105,8 @@ struct BufferSpec {
 struct ActivationLayout {
   std::vector<BufferSpec> device;  // the arena on the ops device, slot by slot
   std::vector<BufferSpec> host;    // the host mirrors (pinned next to a GPU)
-  std::vector<int> xs;             // layer inputs x_0..x_L (x_L feeds the final norm)
+  std::vector<int> xs;             // layer inputs x_0..x_L (x_L feeds the final norm; with every
+                                   // layer's input on the host it shares x_{L-2}'s stage)
   std::vector<ActSlots> sets;
   // Saved tensors per layer (recompute): the host slot of the input (-1: on the device; then
   // xs[l] is its own slot, else one of the two stages it passes through); the kept attention

@@ -42,8 +42,9 @@ void copy(const Tensor& dst, const Tensor& src, size_t bytes, Stream stream) {
 }  // namespace
 
 void SavedActivations::before_input_written(int l) {
-  // x_l's stage last held x_{l-2}.
-  if (l >= int(layers_.size()) || !input_on_host(l) || l < 2) return;
+  // x_l's stage last held x_{l-2} (x_L's too where every layer's input goes to the host).
+  if (l < 2 || l >= int(plan_.xs.size()) || !input_on_host(l - 2) || plan_.xs[size_t(l)] != plan_.xs[size_t(l - 2)])
+    return;
   compute_.wait(layers_[size_t(l - 2)].input_out);
 }
 

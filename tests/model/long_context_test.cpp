@@ -214,4 +214,11 @@ moe: {num_experts: 128, top_k: 8, expert_ffn: 768}
   CHECK(checkpoints == (9 - 3 + 2) * input + 2 * attn);
   CHECK(saved.host_arena_bytes() >= 3 * input + 3 * attn);
   CHECK(saved.host_arena_bytes() < 3 * input + 3 * attn + (size_t(1) << 20));
+  // Every input on the host: x_8 (never copied out) shares x_6's stage, so the device holds the
+  // two stages only.
+  o.host_layers = 8, o.keep_attention = 0;
+  const ActivationLayout all_host = plan_activations(d, o);
+  CHECK(all_host.device_by_component()[size_t(Component::Checkpoints)] == 2 * input);
+  CHECK(all_host.xs[8] == all_host.xs[6]);
+  CHECK(all_host.xs[7] != all_host.xs[6]);
 }
