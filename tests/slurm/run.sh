@@ -3,7 +3,8 @@
 # and slurm.conf, CPU ranks), and configs/tiny.yaml-sized runs on 2 tasks:
 #   1. sbatch of the template trains to the end;
 #   2. a real time limit (--time=3 --signal=B:USR1@100): the notice makes the ranks checkpoint,
-#      the job requeues itself and resumes (again at each limit, until the test cancels it);
+#      the job requeues itself and resumes (again at each limit, until the test cancels it); once
+#      more with --time=4 --signal=B:USR1@150 where Slurm's check came too late to requeue at all;
 #   3. scancel --signal=USR1 (the notice by hand, to the ranks): they checkpoint, rank 0 requeues
 #      the job, it resumes and completes;
 #   4. kill -9 of one task: the job fails; `scontrol requeue` resumes it from the last checkpoint
@@ -149,30 +150,44 @@ last_step() { losses "$1" 2> /dev/null | tail -n 1 | cut -d' ' -f1; }
 # periodically (every 30 s, later on a loaded machine), so the notice comes up to a check interval
 # early or late; 100 s ahead of the limit leaves room for a late check (with 45 s, a check delayed
 # that long on a busy 2-core machine once sent the notice and the cancellation together).
-config timelimit 100000000 500
-job=$(submit timelimit --time=3 --signal=B:USR1@100)
-ok=0
-for _ in $(seq 1 1800); do  # up to 6 minutes: the first notice, the requeue, the resumed job's steps
-  if [ "$(restarts "$job")" -ge 1 ] && grep -q "resumed from" timelimit.out; then
-    resumed=$(grep -o "resumed from [^ ]*step_[0-9]*" timelimit.out | tail -n 1 | grep -o "[0-9]*$")
-    now=$(last_step timelimit/metrics.jsonl)
-    [ -n "$resumed" ] && [ -n "$now" ] && [ "$now" -ge $((resumed + 200)) ] && { ok=1; break; }
-  fi
-  case $(state "$job") in RUNNING | PENDING | REQUEUED | COMPLETING | CONFIGURING) ;; *) break ;; esac
-  sleep 0.2
-done
-scancel "$job"
-wait_done "$job" 60 || fail "timelimit: the job did not stop after scancel: $(state "$job")"
-if [ "$ok" = 1 ]; then
-  echo "ok: --time=3 --signal=B:USR1@100: checkpointed at step $resumed at the limit, requeued, resumed"
-else
-  fail "timelimit: no requeue and resume within 6 minutes (restarts $(restarts "$job"))"
-  tail -n 20 timelimit.out
+# timelimit_run NAME TIME LEAD: one job of NAME that meets its limit; sets tl_ok, tl_job, resumed.
+timelimit_run() {
+  config "$1" 100000000 500
+  tl_job=$(submit "$1" --time="$2" --signal=B:USR1@"$3")
+  tl_ok=0
+  for _ in $(seq 1 1800); do  # up to 6 minutes: the first notice, the requeue, the resumed job's steps
+    if [ "$(restarts "$tl_job")" -ge 1 ] && grep -q "resumed from" "$1.out"; then
+      resumed=$(grep -o "resumed from [^ ]*step_[0-9]*" "$1.out" | tail -n 1 | grep -o "[0-9]*$")
+      now=$(last_step "$1/metrics.jsonl")
+      [ -n "$resumed" ] && [ -n "$now" ] && [ "$now" -ge $((resumed + 200)) ] && { tl_ok=1; break; }
+    fi
+    case $(state "$tl_job") in RUNNING | PENDING | REQUEUED | COMPLETING | CONFIGURING) ;; *) break ;; esac
+    sleep 0.2
+  done
+  scancel "$tl_job"
+  wait_done "$tl_job" 60 || fail "$1: the job did not stop after scancel: $(state "$tl_job")"
+}
+tl=timelimit
+timelimit_run $tl 3 100
+if [ "$tl_ok" != 1 ] && [ "$(restarts "$tl_job")" = 0 ]; then
+  # Never requeued: on a loaded machine Slurm's periodic check can come so late that the notice and
+  # the limit's cancellation arrive together (seen once in CI, ~99 s late), leaving nothing to
+  # requeue. Once more with a wider margin; a template that cannot requeue fails this one too.
+  echo "note: $tl was never requeued (Slurm's time-limit check late?); once more with --time=4 --signal=B:USR1@150"
+  tail -n 5 $tl.out
+  tl=timelimit2
+  timelimit_run $tl 4 150
 fi
-grep -q "time limit near" timelimit.out || fail "timelimit: the batch shell got no notice"
-grep -q "stop requested by signal; checkpointing at step" timelimit.out || fail "timelimit: the ranks did not checkpoint"
-grep -q "checkpoint written; requeueing" timelimit.out || fail "timelimit: the template did not requeue"
-reached=$(last_step timelimit/metrics.jsonl)
+if [ "$tl_ok" = 1 ]; then
+  echo "ok: --time limit with --signal=B:USR1: checkpointed at step $resumed at the limit, requeued, resumed ($tl)"
+else
+  fail "$tl: no requeue and resume within 6 minutes (restarts $(restarts "$tl_job"))"
+  tail -n 20 $tl.out
+fi
+grep -q "time limit near" $tl.out || fail "$tl: the batch shell got no notice"
+grep -q "stop requested by signal; checkpointing at step" $tl.out || fail "$tl: the ranks did not checkpoint"
+grep -q "checkpoint written; requeueing" $tl.out || fail "$tl: the template did not requeue"
+reached=$(last_step $tl/metrics.jsonl)
 steps=$(( ${reached:-0} > 2000 ? ${reached:-0} : 2000 ))
 
 # 1. The uninterrupted run, through the template.
@@ -196,7 +211,7 @@ compare() {
     diff <(head -n "$n" straight.losses) "$1.losses" | head -n 6
   fi
 }
-compare timelimit "time limit, requeue, resume"
+compare $tl "time limit, requeue, resume"
 
 # 3. A preemption notice by hand, to the ranks: they checkpoint, rank 0 requeues the job, which
 #    resumes and completes.
