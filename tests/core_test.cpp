@@ -1,4 +1,7 @@
 // Core utilities: bf16 rounding, tensor views, arenas, Philox.
+#include <functional>
+#include <string>
+
 #include "catch.h"
 #include "core/rng.h"
 #include "runtime/memory.h"
@@ -41,6 +44,35 @@ TEST_CASE("arena aligns slots and zero-fills", "[cpu][core]") {
   CHECK(static_cast<char*>(tb.data) - static_cast<char*>(ta.data) == 256);
   CHECK(ta.ptr<float>()[2] == 0.0f);
   CHECK(arena.planned_bytes() == 512);
+}
+
+TEST_CASE("arena views lie in their slot's bytes and add nothing; one that does not fit is refused",
+          "[cpu][core]") {
+  Arena arena(MemKind::Host, "test");
+  int head = arena.add_view(1, 0, Tensor(nullptr, DType::F32, {4}));  // before its slot
+  int whole = arena.add(DType::F32, {128});
+  int tail = arena.add_view(whole, 256, Tensor(nullptr, DType::F32, {64}));
+  arena.add(DType::F32, {1});
+  CHECK(arena.planned_bytes() == 512 + 256);
+  arena.allocate();
+  const char* base = static_cast<char*>(arena.tensor(whole).data);
+  CHECK(static_cast<char*>(arena.tensor(head).data) == base);
+  CHECK(static_cast<char*>(arena.tensor(tail).data) == base + 256);
+  CHECK(arena.tensor(tail).numel() == 64);
+  const auto error_of = [](const std::function<void()>& fn) -> std::string {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  Arena over(MemKind::Host, "over");
+  over.add_view(over.add(DType::F32, {128}), 256, Tensor(nullptr, DType::F32, {65}));
+  CHECK(error_of([&] { over.allocate(); }).find("does not fit in slot 0") != std::string::npos);
+  Arena odd(MemKind::Host, "odd");
+  CHECK(error_of([&] { odd.add_view(0, 4, Tensor(nullptr, DType::F32, {1})); }).find("not aligned") !=
+        std::string::npos);
 }
 
 TEST_CASE("philox is a pure function of key, stream and index", "[cpu][core]") {

@@ -100,6 +100,10 @@ struct SharedSlots {
 struct BufferSpec {
   Tensor shape;  // dtype and dims (no data)
   Component component;
+  // A view: the bytes of slot `within` from `offset` on (buffers whose lifetimes never overlap);
+  // it adds nothing to the arena. -1: a buffer of its own.
+  int within = -1;
+  size_t offset = 0;
 };
 
 struct ActivationLayout {

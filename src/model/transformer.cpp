@@ -39,7 +39,8 @@ Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops
   MOP_CHECK(ep_ == 1 || (opt_.comms.ep && opt_.comms.ep_host && opt_.comms.ep->size() == ep_),
             "ep ", ep_, " needs its comms");
   routed_counts_.assign(size_t(d_.num_moe_layers() * d_.experts), 0);
-  for (const BufferSpec& b : plan_.device) arena_.add(b.shape);
+  for (const BufferSpec& b : plan_.device)
+    b.within < 0 ? arena_.add(b.shape) : arena_.add_view(b.within, b.offset, b.shape);
   for (const BufferSpec& b : plan_.host) host_arena_.add(b.shape);
 }
 

@@ -45,8 +45,25 @@ int Arena::add(const Tensor& shape) {
   return int(slots_.size()) - 1;
 }
 
+int Arena::add_view(int within, size_t offset, const Tensor& shape) {
+  MOP_CHECK(!buffer_.data(), "arena ", name_, " is already allocated");
+  MOP_CHECK(offset % kArenaAlign == 0, "arena ", name_, ": view offset ", offset, " is not aligned");
+  Tensor t = shape;
+  t.data = nullptr;
+  t.device = kind_ == MemKind::Device ? Device::CUDA : Device::CPU;
+  slots_.push_back({offset, t, within});
+  return int(slots_.size()) - 1;
+}
+
 void Arena::allocate() {
   MOP_CHECK(!buffer_.data(), "arena ", name_, " allocated twice");
+  for (const Slot& s : slots_) {
+    if (s.within < 0) continue;
+    MOP_CHECK(s.within < int(slots_.size()) && slots_[size_t(s.within)].within < 0 &&
+                  s.offset + s.shape.bytes() <= slots_[size_t(s.within)].shape.bytes(),
+              "arena ", name_, ": a view of ", s.shape.bytes(), " bytes at ", s.offset,
+              " does not fit in slot ", s.within);
+  }
   buffer_ = Buffer(kind_, total_);
 }
 
@@ -54,7 +71,8 @@ Tensor Arena::tensor(int slot) const {
   MOP_CHECK(slot >= 0 && size_t(slot) < slots_.size(), "arena ", name_, ": bad slot ", slot);
   MOP_CHECK(allocated(), "arena ", name_, " used before allocate()");
   Tensor t = slots_[slot].shape;
-  t.data = static_cast<char*>(buffer_.data()) + slots_[slot].offset;
+  const Slot& s = slots_[size_t(slot)];
+  t.data = static_cast<char*>(buffer_.data()) + s.offset + (s.within < 0 ? 0 : slots_[size_t(s.within)].offset);
   return t;
 }
 

@@ -45,6 +45,9 @@ class Arena {
 
   int add(DType dtype, std::initializer_list<int64_t> dims);
   int add(const Tensor& shape);  // the dtype and dims of `shape` (its data is ignored)
+  // A slot in the bytes of slot `within` (added before or after) from byte `offset`: for buffers
+  // whose lifetimes never overlap. It adds nothing to the arena; allocate() checks that it fits.
+  int add_view(int within, size_t offset, const Tensor& shape);
   void allocate();  // zero-filled
   Tensor tensor(int slot) const;
   size_t planned_bytes() const { return total_; }
@@ -53,8 +56,9 @@ class Arena {
 
  private:
   struct Slot {
-    size_t offset;
-    Tensor shape;  // data unset until allocate()
+    size_t offset;  // in the buffer, or in slot `within`'s bytes
+    Tensor shape;   // data unset until allocate()
+    int within = -1;
   };
   MemKind kind_;
   std::string name_;

@@ -221,4 +221,25 @@ moe: {num_experts: 128, top_k: 8, expert_ffn: 768}
   CHECK(all_host.device_by_component()[size_t(Component::Checkpoints)] == 2 * input);
   CHECK(all_host.xs[8] == all_host.xs[6]);
   CHECK(all_host.xs[7] != all_host.xs[6]);
+  // With recompute, x_mid and ln2 live in dattn's bytes (Q = 2H here): the arena is 2·S·H·2
+  // bytes smaller than their own buffers would make it; without recompute they keep their own.
+  const ActSlots& set = all_host.sets[0];
+  const BufferSpec &x_mid = all_host.device[size_t(set.x_mid)], &ln2 = all_host.device[size_t(set.ln2)];
+  CHECK(x_mid.within == all_host.shared.dattn);
+  CHECK(x_mid.offset == 0);
+  CHECK(ln2.within == all_host.shared.dattn);
+  CHECK(ln2.offset == input);
+  size_t own = 0;
+  for (const BufferSpec& b : all_host.device) own += b.within < 0 ? 0 : b.shape.bytes();
+  CHECK(own == 2 * input);
+  o.recompute = false, o.host_layers = 0;
+  const ActivationLayout plain = plan_activations(d, o);
+  for (const BufferSpec& b : plain.device) CHECK(b.within == -1);
+  // Q = H (16 heads of 128): x_mid alone fits in dattn.
+  ModelDims narrow = d;
+  narrow.heads = 16;
+  o.recompute = true;
+  const ActivationLayout one = plan_activations(narrow, o);
+  CHECK(one.device[size_t(one.sets[0].x_mid)].within == one.shared.dattn);
+  CHECK(one.device[size_t(one.sets[0].ln2)].within == -1);
 }
