@@ -114,6 +114,29 @@ TEST_CASE("long context: chunked MoE/FFN equals the plain step bit for bit", "[c
     }
 }
 
+// With recompute, x_mid and ln2 live in dattn's bytes where those hold them: at 8 sequences of 7
+// tokens both do (56·8 floats each, 256-byte aligned, in dattn's 56·16), so the recomputing steps
+// below run with both views and must equal the plain step bit for bit.
+TEST_CASE("long context: x_mid and ln2 in dattn's bytes equal the plain step bit for bit",
+          "[cpu][model]") {
+  Run plain(ActivationOptions{}, 8);
+  plain.train();
+  for (int host : {0, 2})
+    for (int64_t chunk : {0, 5}) {
+      ActivationOptions o;
+      o.recompute = true, o.host_layers = host, o.keep_attention = host ? 1 : 0, o.moe_chunk = chunk;
+      Run r(o, 8);
+      const ActivationLayout& L = r.model->activations();
+      REQUIRE(L.device[size_t(L.sets[0].x_mid)].within == L.shared.dattn);
+      REQUIRE(L.device[size_t(L.sets[0].ln2)].within == L.shared.dattn);
+      r.train();
+      INFO("host layers " << host << ", moe_chunk " << chunk);
+      CHECK(differ(plain.losses, r.losses) == 0);
+      CHECK(differ(plain.grads, r.grads) == 0);
+      CHECK(differ(plain.weights, r.weights) == 0);
+    }
+}
+
 TEST_CASE("long context: saved tensors in host memory and kept attention are lossless",
           "[cpu][model]") {
   Run plain(ActivationOptions{});
