@@ -70,9 +70,10 @@ void Arena::allocate() {
 Tensor Arena::tensor(int slot) const {
   MOP_CHECK(slot >= 0 && size_t(slot) < slots_.size(), "arena ", name_, ": bad slot ", slot);
   MOP_CHECK(allocated(), "arena ", name_, " used before allocate()");
-  Tensor t = slots_[slot].shape;
   const Slot& s = slots_[size_t(slot)];
-  t.data = static_cast<char*>(buffer_.data()) + s.offset + (s.within < 0 ? 0 : slots_[size_t(s.within)].offset);
+  const size_t base = s.within < 0 ? 0 : slots_[size_t(s.within)].offset;
+  Tensor t = s.shape;
+  t.data = static_cast<char*>(buffer_.data()) + base + s.offset;
   return t;
 }
 
