@@ -101,7 +101,7 @@ stop_cluster() {
   rm -f "$tmp/slurmd.pid" "$tmp/slurmctld.pid"
 }
 # Once in CI the node never reached the controller (connect failure on every try): up to three
-# port pairs, each given 40 s, before skipping with both daemons' logs.
+# port pairs, each given 40 s (each failed try shows both daemons' last log lines), then skip.
 up=0
 for attempt in 1 2 3; do
   start_cluster && { up=1; break; }
