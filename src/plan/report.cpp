@@ -2,6 +2,7 @@
 #include "plan/report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 
@@ -145,9 +146,11 @@ std::string plan_text(const Plan& p) {
     // What each technique saves this plan's device memory: the same plan with it switched off.
     std::string saved;
     for (const auto& [t, name] : technique_names(p)) {
+      // A technique can cost memory here (streaming with no more host segments than in flight).
       const double without = double(p.memory_without(t).device_total());
-      saved += std::string(saved.empty() ? "" : "; ") + name + " saves " +
-               gib(without - double(p.memory.device_total())) + " (" + gib(without) + " without)";
+      const double diff = without - double(p.memory.device_total());
+      saved += std::string(saved.empty() ? "" : "; ") + name + (diff < 0 ? " costs " : " saves ") +
+               gib(std::abs(diff)) + " (" + gib(without) + " without)";
     }
     if (!saved.empty()) o += "  device memory per rank: " + saved + "\n";
   }

@@ -78,6 +78,7 @@ Tensor Arena::tensor(int slot) const {
 }
 
 std::string format_bytes(double bytes) {
+  if (bytes < 0) return "-" + format_bytes(-bytes);
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
   while (bytes >= 1024.0 && u < 4) {

@@ -1,7 +1,7 @@
 // Saved-tensor placement (plan/placement.h) on the measured one-H200 machine: the choice the
 // search makes fits the final plan (its fit check prices the optimizer state it moves as the plan
 // then counts it), and with attention in query tiles the layers that recompute their attention
-// keep its last tiles where that saves recompute.
+// keep its last tiles where that saves recompute; the report prices what streaming costs.
 #include <string>
 #include <vector>
 
@@ -9,6 +9,8 @@
 #include "config/config.h"
 #include "plan/machine.h"
 #include "plan/plan.h"
+#include "plan/report.h"
+#include "runtime/memory.h"
 
 using namespace mop;
 
@@ -66,4 +68,20 @@ TEST_CASE("placement: layers that recompute their attention keep its last tiles 
   CHECK_THROWS_WITH(make_plan(q3moe(1048576, {"train.keep_attention_tail=2", "train.attention_tile=0"}),
                               h200(), 1),
                     Catch::Contains("train.keep_attention_tail"));
+}
+
+TEST_CASE("placement: the report says what streaming the gradients costs where it saves nothing",
+          "[cpu][plan]") {
+  // At 256K only two segments' optimizer state is on the host, as many as streaming keeps in
+  // flight, so streaming adds its staging: the report once printed "saves -1871721984 B".
+  const Plan p = make_plan(q3moe(262144), h200(), 1);
+  REQUIRE(p.stream_grads);
+  const double without = double(p.memory_without(Plan::Technique::StreamGrads).device_total());
+  REQUIRE(without < double(p.memory.device_total()));
+  const std::string text = plan_text(p);
+  CHECK(text.find("streaming the gradients costs " +
+                  format_bytes(double(p.memory.device_total()) - without)) != std::string::npos);
+  CHECK(text.find("saves -") == std::string::npos);
+  CHECK(format_bytes(-1536.0) == "-1.50 KiB");
+  CHECK(format_bytes(-3.0) == "-3 B");
 }
