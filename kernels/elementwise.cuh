@@ -1,5 +1,5 @@
-// Elementwise and reduction kernels: fill, dtype conversion, add, sum and sum of squares
-// (deterministic two-stage reduction), on bf16/f32/f64 data with fp32 (reductions: fp64) math.
+// Elementwise and reduction kernels: fill, dtype conversion, add, sum (deterministic two-stage
+// reduction) and the exact sum of squares, on bf16/f32/f64 data with fp32 (reductions: fp64) math.
 // Launchers take the destination first and the stream last, check their preconditions and the
 // launch, and never allocate. Under __CUDACC__ this header also holds the device helpers the other
 // .cu files share (vector loads, bf16 packing, sums).
@@ -29,11 +29,16 @@ void add(void* out, const void* a, const void* b, DType dtype, int64_t n, cudaSt
 
 // Blocks of the first reduction stage; `partials` holds one double per block.
 constexpr int kReduceMaxBlocks = 1024;
-// out[0] = Σ x (or Σ x² when square) over n elements of a float dtype; out is an f32 or f64 device
-// scalar. Deterministic: a grid fixed by n and alignment, per-block partials in fp64, and one block
-// that sums them in order.
-void reduce_sum(void* out, DType out_dtype, const void* x, DType x_dtype, int64_t n, bool square,
+// out[0] = Σ x over n elements of a float dtype; out is an f32 or f64 device scalar.
+// Deterministic: a grid fixed by n and alignment, per-block partials in fp64, and one block that
+// sums them in order.
+void reduce_sum(void* out, DType out_dtype, const void* x, DType x_dtype, int64_t n,
                 double* partials, cudaStream_t stream);
+// out[0..3] = the exact sum of squares of n elements of a float dtype (op_list.inc's sumsq: its
+// blocks, their trees, fixed-point words and the bad flag), out an i64 [4] device array. partials
+// holds 4 words per block of the first stage (kReduceMaxBlocks of them).
+void sumsq_exact(int64_t* out, const void* x, DType x_dtype, int64_t n, uint64_t* partials,
+                 cudaStream_t stream);
 
 }  // namespace mop::kernels
 

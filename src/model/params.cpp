@@ -42,7 +42,7 @@ ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad
     const int parts = slices_.n[size_t(p)];
     MOP_CHECK(parts >= 1 && slices_.index[size_t(p)] >= 0 && slices_.index[size_t(p)] < parts,
               "slice ", slices_.index[size_t(p)], " of ", parts);
-    const int64_t k = (layout.params[p].numel() + parts - 1) / parts;
+    const int64_t k = mop::slice_numel(layout.params[p].numel(), parts);
     slice_numel_.push_back(k);
     slice_off_.push_back(slice_total);
     slice_total += aligned_numel(k);

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "core/exact_sum.h"
 #include "model/model_spec.h"
 #include "runtime/memory.h"
 
@@ -19,8 +20,17 @@ inline int num_segments(const ModelDims& d) { return int(d.layers) + 2; }
 // The segment whose forward first reads parameter p (a tied LM head: the embedding's).
 int param_segment(const ModelLayout& layout, int p);
 
+// Elements of each of `parts` slices of a parameter of `numel`: ceil(numel / parts) rounded up to
+// kParamAlign (the last slice padded with zeros), so every slice starts at a multiple of the
+// sumsq op's blocks and the slices' exact sums of squares add up to the whole parameter's (the
+// gradient norm is the same on every layout); one slice is the parameter itself.
+inline int64_t slice_numel(int64_t numel, int parts) {
+  static_assert(kParamAlign % kSumsqBlock == 0, "slices start at whole sumsq blocks");
+  return parts == 1 ? numel : aligned_numel((numel + parts - 1) / parts);
+}
+
 // Sliced parameters (ZeRO-3): parameter p is cut into n[p] slices of slice_numel(p) =
-// ceil(numel / n[p]) elements (the last padded with zeros) and this rank keeps slice index[p].
+// slice_numel(numel, n[p]) elements and this rank keeps slice index[p].
 // The whole weights of a segment exist only while it is bound to one of two gather slots (the
 // schedule gathers every replica's slice into it); the whole gradients likewise with pool_grads
 // (one micro-batch per step: a segment's are final after its backward), else for the whole step.

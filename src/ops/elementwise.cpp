@@ -44,25 +44,27 @@ void Ops::add(Tensor out, const Tensor& a, const Tensor& b) {
 }
 
 namespace {
-void check_reduce(const Tensor& out, const Tensor& x, Device device, const char* op) {
+void check_reduce_input(const Tensor& out, const Tensor& x, Device device, const char* op) {
   MOP_CHECK(x.device == device && out.device == device, op, ": x and out must be on ",
             device_name(device));
   MOP_CHECK(dtype_is_float(x.dtype), op, ": x has dtype ", dtype_name(x.dtype),
             ", expected f32, f64 or bf16");
   MOP_CHECK(x.data != nullptr || x.numel() == 0, op, ": x has no data");
-  MOP_CHECK(out.dtype == DType::F32 || out.dtype == DType::F64, op, ": out has dtype ",
-            dtype_name(out.dtype), ", expected f32 or f64");
-  MOP_CHECK(out.numel() == 1 && out.data, op, ": out must hold one element, has ", out.shape_str());
 }
 }  // namespace
 
 void Ops::sumsq(Tensor out, const Tensor& x) {
-  check_reduce(out, x, device(), "sumsq");
+  check_reduce_input(out, x, device(), "sumsq");
+  MOP_CHECK(out.dtype == DType::I64 && out.numel() == 4 && out.data,
+            "sumsq: out must be i64 [4], is ", dtype_name(out.dtype), " ", out.shape_str());
   run(OpId::sumsq, &OpsBackend::sumsq, out, x);
 }
 
 void Ops::sum(Tensor out, const Tensor& x) {
-  check_reduce(out, x, device(), "sum");
+  check_reduce_input(out, x, device(), "sum");
+  MOP_CHECK(out.dtype == DType::F32 || out.dtype == DType::F64, "sum: out has dtype ",
+            dtype_name(out.dtype), ", expected f32 or f64");
+  MOP_CHECK(out.numel() == 1 && out.data, "sum: out must hold one element, has ", out.shape_str());
   run(OpId::sum, &OpsBackend::sum, out, x);
 }
 

@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/exact_sum.h"
+
 namespace mop {
 
 Optimizer::Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops,
@@ -27,8 +29,7 @@ Optimizer::Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops,
     native_[i] = Buffer(gpu ? MemKind::Device : MemKind::Host, size_t(total[0]) * sizeof(float));
     host_[i] = Buffer(gpu ? MemKind::Pinned : MemKind::Host, size_t(total[1]) * sizeof(float));
   }
-  DType acc = acc_dtype(params.grad_dtype());
-  norms_ = Buffer(gpu ? MemKind::Device : MemKind::Host, size_t(n) * dtype_size(acc));
+  norms_ = Buffer(gpu ? MemKind::Device : MemKind::Host, size_t(n) * kGradNormBytes);
   for (int s = 0; s < num_segments(params.layout().dims); ++s)  // forward order
     for (int p = 0; p < n; ++p)
       if (on_host(p) && owns(p) && param_segment(params.layout(), p) == s)
@@ -60,10 +61,13 @@ Tensor Optimizer::host_param_grad(int p) const {
   return t;
 }
 
+Tensor Optimizer::norm_slot(int p) const {
+  return Tensor(static_cast<int64_t*>(norms_.data()) + size_t(p) * kGradNormWords, DType::I64,
+                {kGradNormWords}, norms_.device());
+}
+
 void Optimizer::take_norm(int p) {
-  const DType acc = acc_dtype(params_.grad_dtype());
-  ops_.sumsq(Tensor(static_cast<char*>(norms_.data()) + size_t(p) * dtype_size(acc), acc, {1}, norms_.device()),
-             update_grad(p));
+  ops_.sumsq(norm_slot(p), update_grad(p));
   norm_taken_[size_t(p)] = 1;
 }
 
@@ -124,27 +128,37 @@ void Optimizer::set_distributed(std::vector<bool> sharded, Comm* shard_comm, Com
 StepReport Optimizer::step(float lr, bool defer_native) {
   StepReport r;
   const int n = params_.num_params();
-  DType acc = acc_dtype(params_.grad_dtype());
-  Device dev = norms_.device();
-  auto norm_slot = [&](int p) {
-    return Tensor(static_cast<char*>(norms_.data()) + size_t(p) * dtype_size(acc), acc, {1}, dev);
-  };
   for (int p = 0; p < n; ++p)
     if (!std::exchange(norm_taken_[size_t(p)], char(0))) ops_.sumsq(norm_slot(p), update_grad(p));
-  std::vector<double> sq(n);
-  ops_.copy(Tensor(sq.data(), DType::F64, {n}), Tensor(norms_.data(), acc, {n}, dev));
-  double local = 0, shard = 0;
+  // The sums are exact (core/exact_sum.h), and so are their sums here and over the ranks: the norm
+  // has the same bits on every layout.
+  std::vector<int64_t> words(size_t(n) * kGradNormWords);
+  const int64_t num_words = int64_t(words.size());
+  if (n > 0)
+    ops_.copy(Tensor(words.data(), DType::I64, {num_words}),
+              Tensor(norms_.data(), DType::I64, {num_words}, norms_.device()));
+  ExactSum local, shard;
   for (int p = 0; p < n; ++p) {
-    if (!std::isfinite(sq[p]) && r.nonfinite_param.empty())
-      r.nonfinite_param = params_.layout().params[p].name;
-    (!sharded_.empty() && sharded_[p] ? shard : local) += sq[p];
+    ExactSum s;
+    const int64_t* w = words.data() + size_t(p) * kGradNormWords;
+    s.add_words(uint64_t(w[0]), uint64_t(w[1]), uint64_t(w[2]));
+    s.bad |= uint64_t(w[3]);
+    if (s.bad && r.nonfinite_param.empty()) r.nonfinite_param = params_.layout().params[p].name;
+    (!sharded_.empty() && sharded_[p] ? shard : local).add(s);
   }
-  if (shard_comm_) shard = shard_comm_->all_reduce_host(shard, Comm::Op::Sum);
+  if (shard_comm_) {
+    double pieces[ExactSum::kPieces];
+    shard.to_pieces(pieces);
+    shard_comm_->all_reduce_host(pieces, ExactSum::kPieces, Comm::Op::Sum);
+    shard = ExactSum::from_pieces(pieces);
+  }
   if (world_) {
     double bad = world_->all_reduce_host(r.nonfinite_param.empty() ? 0.0 : 1.0, Comm::Op::Max);
     if (bad > 0 && r.nonfinite_param.empty()) r.nonfinite_param = "a parameter on another rank";
   }
-  r.grad_norm = std::sqrt(local + shard);
+  local.add(shard);
+  if (local.bad && r.nonfinite_param.empty()) r.nonfinite_param = "the sum of squares (past 2^128)";
+  r.grad_norm = std::sqrt(local.value());
   if (!r.nonfinite_param.empty()) return r;  // the caller skips the step or aborts
 
   float scale = 1.0f;

@@ -18,6 +18,11 @@
 
 namespace mop {
 
+// Per parameter, the device bytes of its gradient's sum of squares (the sumsq op's exact sum:
+// three words and a flag).
+constexpr int kGradNormWords = 4;
+constexpr size_t kGradNormBytes = kGradNormWords * sizeof(int64_t);
+
 struct StepReport {
   double grad_norm = 0;  // before clipping
   bool applied = false;  // false: skipped because of a non-finite gradient
@@ -99,7 +104,8 @@ class Optimizer {
   std::vector<bool> owned_;
   std::vector<int64_t> offset_;  // per parameter, in its placement's buffers
   Buffer native_[3], host_[3];   // master, m, v
-  Buffer norms_;                 // acc scalars: one Σg² per parameter
+  Tensor norm_slot(int p) const;
+  Buffer norms_;                  // one exact Σg² per parameter (I64 [kNormWords] each)
   std::vector<char> norm_taken_;  // per parameter: its Σg² taken this step already (take_norm)
   std::vector<HostParam> host_params_;
   int64_t updates_ = 0;

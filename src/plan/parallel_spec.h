@@ -25,7 +25,7 @@ enum class Sharding {
   Replicated,  // every replica keeps the state and updates it
   Owner,       // ZeRO-1: the owner keeps the state and broadcasts the weights
   Slice,       // ZeRO-3: replica i of n keeps elements [i·k, (i+1)·k) of the flat parameter,
-               // k = slice_numel (the last slice padded with zeros up to k)
+               // k = slice_numel (model/params.h; the last slices padded with zeros)
 };
 
 struct ParamSharding {
@@ -44,10 +44,7 @@ struct ParallelSpec {
   // The number of replicas of parameter p (cp × dp for dense parameters, edp for experts).
   int group_size(int p) const { return params[size_t(p)].group == ReplicaGroup::World ? world() : edp; }
   // Slice: elements of each replica's slice of parameter p of `numel` elements.
-  int64_t slice_numel(int p, int64_t numel) const {
-    const int n = group_size(p);
-    return (numel + n - 1) / n;
-  }
+  int64_t slice_numel(int p, int64_t numel) const { return mop::slice_numel(numel, group_size(p)); }
   // `rank`'s index in parameter p's replica group (MoE folding: rank = edp · ep + ep_rank).
   int replica_index(int rank, int p) const {
     return params[size_t(p)].group == ReplicaGroup::World ? rank : rank / ep;

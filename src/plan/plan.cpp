@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "model/params.h"
 #include "model/tiled_attention.h"
+#include "optim/optimizer.h"
 #include "plan/placement.h"
 #include "runtime/memory.h"
 
@@ -275,7 +276,7 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
     // The device's bf16 conversions: two buffers of the largest segment, in turn.
     streamed = 2 * *std::max_element(by_segment.begin(), by_segment.end());
   }
-  m.optimizer_state = size_t(native) * 3 * sizeof(float) + local.params.size() * dtype_size(acc_dtype(run.grad));
+  m.optimizer_state = size_t(native) * 3 * sizeof(float) + local.params.size() * kGradNormBytes;
   m.host_optimizer_state = size_t(host) * 3 * sizeof(float);
   if (gpu && stream_grads) {
     m.host_grad_staging = size_t(streamed) * 2;

@@ -326,10 +326,12 @@ void memory_bound(Ops& ops, Bench& b, DeviceSpec& d, bool gpu, bool root) {
   {
     const int64_t n = gpu ? (int64_t(1) << 27) : (int64_t(1) << 20);
     Tensor p = b.random(DType::F32, {n}, 0.1), m = b.random(DType::F32, {n}, 1e-3), v = b.random(DType::F32, {n}, 1e-6);
-    Tensor g = b.random(DType::F32, {n}, 1e-3), w = b.random(c, {n}), out = b.random(DType::F32, {1});
+    Tensor g = b.random(DType::F32, {n}, 1e-3), w = b.random(c, {n});
     AdamWArgs args;
     args.lr = 1e-4f;
     report("AdamW", d.adamw_bw, op_bytes::adamw(double(n), 4, cs), b.time([&] { ops.adamw_step_cast(p, m, v, g, args, w); }));
+    Buffer sums(ops.device() == Device::CPU ? MemKind::Host : MemKind::Device, 4 * sizeof(int64_t));
+    Tensor out(sums.data(), DType::I64, {4}, ops.device());
     report("sum of squares", d.reduce_bw, double(n) * 4, b.time([&] { ops.sumsq(out, g); }));
     Tensor one = b.random(DType::F32, {1});
     d.launch_seconds = b.time([&] { ops.fill(one, 0); }, 0.01, 200);

@@ -1,9 +1,9 @@
 // Pointwise-family benchmarks (mop_bench pointwise): RMSNorm fwd/bwd at T = 4096 and 16384 × 2048
 // (and the per-head q-norm shape 131072 × 128), SwiGLU fwd/bwd at 32768 × 768, RoPE on
 // q [4096, 32, 128], embedding fwd/bwd with V = 151936, H = 2048 (uniform and Zipf-distributed
-// ids), AdamW over 400M parameters. Each op is validated against the CPU reference first — on the
-// benchmark shape, or a reduced one where the tensors are too large for a quick host reference
-// (embedding: V = 4096; AdamW: 2^20 + 3 elements) — then timed. GB/s counts the bytes an op must
+// ids), AdamW and the exact sum of squares over 400M parameters. Each op is validated against the
+// CPU reference first — on the benchmark shape, or a reduced one where the tensors are too large
+// for a quick host reference (embedding: V = 4096; AdamW, sumsq: 2^20 + 3 elements) — then timed. GB/s counts the bytes an op must
 // move at the least (what a perfect kernel reads and writes once):
 //   rmsnorm fwd   = N·C·2 (x) + N·C·2 (y) + C·2 (w) + N·4 (rstd)
 //   rmsnorm bwd   = 2·N·C·2 (x, dy) + N·C·2 (dx) + C·2 (w) + C·8 (dw read and written) + N·4
@@ -12,6 +12,7 @@
 //   embedding fwd = T·H·2 (rows read) + T·H·2 (out) + T·4 (ids)
 //   embedding bwd = T·H·2 (dout) + U·H·8 (the U distinct ids' dtable rows read and written) + T·4
 //   adamw         = 4·(2 + 2 + 2)·n (param, m, v read and written) + 4·n (f32 grad)
+//   sumsq         = 4·n (f32 gradient read once; the exact sum of squares of the global norm)
 #ifdef MOP_HAVE_CUDA
 
 #include <algorithm>
@@ -290,6 +291,28 @@ MOP_BENCH("adamw") {
   const double ms =
       time_ms([&] { ops.adamw_step(param.t, m.t, v.t, grad.t, args); }, ops.cuda_stream(), 10);
   report("adamw_step [400M params, f32 grad]", valid, ms, 0, 28.0 * double(n), kHbmGBps);
+}
+
+// ---- exact sum of squares (the global gradient norm) ------------------------------------------
+
+MOP_BENCH("sumsq") {
+  CudaOps ops;
+  bool valid = true;
+  {  // the words of the CPU reference, bit for bit, on 2^20 + 3 elements
+    const int64_t n = (int64_t(1) << 20) + 3;
+    const HostTensor g = pw::random_f32({n}, 45, -0.1, 0.1);
+    HostTensor want(DType::I64, {4});
+    pw::cpu().sumsq(want, g);
+    DeviceTensor d_g = pw::upload_at(g, DType::F32), out(DType::I64, {4});
+    ops.sumsq(out.t, d_g.t);
+    valid = test::bitwise_equal(test::download(out.t), want);
+  }
+  const int64_t n = 400'000'000;
+  DeviceTensor grad(DType::F32, {n}), out(DType::I64, {4});
+  ops.fill(grad.t, 1e-3);
+  ops.synchronize();
+  const double ms = time_ms([&] { ops.sumsq(out.t, grad.t); }, ops.cuda_stream(), 10);
+  report("sumsq [400M f32 gradients, exact]", valid, ms, 0, 4.0 * double(n), kHbmGBps);
 }
 
 }  // namespace

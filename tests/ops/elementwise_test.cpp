@@ -1,12 +1,17 @@
 // elementwise: fill, copy with dtype conversion (bf16 rounding to nearest-even, including from
-// f64 near ties), add with aliasing, sum/sumsq over every float dtype on the CPU reference; the
-// CUDA backend ([gpu]) bitwise where both sides round the same exact value once, named
-// tolerances elsewhere, over sizes 1, primes, non-multiples of every vector width and 10^7.
+// f64 near ties), add with aliasing, sum over every float dtype on the CPU reference, and the exact
+// sum of squares (its documented blocks, exactness, split and thread invariance, flags); the CUDA
+// backend ([gpu]) bitwise where both sides round the same exact value once (sumsq: always),
+// named tolerances elsewhere, over sizes 1, primes, non-multiples of every vector width and 10^7.
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "core/exact_sum.h"
 #include "ops/ops_test_util.h"
 
 namespace reference {
@@ -125,25 +130,157 @@ TEST_CASE("add allows out to alias an input", "[cpu][ops]") {
   CHECK_THROWS_AS(ops.add(a, a, c), Error);
 }
 
-TEST_CASE("sum and sumsq accumulate any float dtype in double", "[cpu][ops]") {
+TEST_CASE("sum accumulates any float dtype in double", "[cpu][ops]") {
   Ops& ops = cpu_ops();
   for (DType in : {DType::F32, DType::F64, DType::BF16})
     for (DType out_dt : {DType::F32, DType::F64}) {
       HostTensor x = random_tensor(in, {7, 13}, 3);
-      double s = 0, s2 = 0;
-      for (int64_t i = 0; i < x.numel(); ++i) s += x.get(i), s2 += x.get(i) * x.get(i);
-      HostTensor o1(out_dt, {1}), o2(out_dt, {1});
+      double s = 0;
+      for (int64_t i = 0; i < x.numel(); ++i) s += x.get(i);
+      HostTensor o1(out_dt, {1});
       ops.sum(o1, x);
-      ops.sumsq(o2, x);
       INFO(dtype_name(in) << " → " << dtype_name(out_dt));
-      CHECK(s2 > 1);
       // Same terms, same order, in double; then one rounding to the output dtype.
       CHECK(o1.get(0) == (out_dt == DType::F32 ? double(float(s)) : s));
-      CHECK(o2.get(0) == (out_dt == DType::F32 ? double(float(s2)) : s2));
     }
-  HostTensor x(DType::F32, {4}), two(DType::F32, {2}), i(DType::I32, {1});
+  HostTensor x(DType::F32, {4}), two(DType::F32, {2});
   CHECK_THROWS_AS(ops.sum(two, x), Error);
-  CHECK_THROWS_AS(ops.sumsq(i, x), Error);
+}
+
+namespace {
+ExactSum exact_of(const HostTensor& out) {
+  ExactSum s;
+  for (int i = 0; i < 3; ++i) s.words[i] = uint64_t(out.ptr<int64_t>()[i]);
+  s.bad = uint64_t(out.ptr<int64_t>()[3]);
+  return s;
+}
+ExactSum sumsq_of(Ops& ops, const Tensor& x) {
+  HostTensor out(DType::I64, {4});
+  ops.sumsq(out, x);
+  return exact_of(out);
+}
+bool same(const ExactSum& a, const ExactSum& b) {
+  return a.words[0] == b.words[0] && a.words[1] == b.words[1] && a.words[2] == b.words[2] &&
+         a.bad == b.bad;
+}
+}  // namespace
+
+TEST_CASE("sumsq is exact on exactly representable sums", "[cpu][ops]") {
+  Ops& ops = cpu_ops();
+  // x_i = k_i / 8 with small integers k_i: every square and block sum is exact in fp64, so the op
+  // returns Σ k² / 64 exactly: Σ k² · 2^58 units of 2^-64.
+  for (DType dt : {DType::F32, DType::F64, DType::BF16})
+    for (int64_t n : {int64_t(1), int64_t(63), int64_t(64), int64_t(65), int64_t(1031)}) {
+      HostTensor x(dt, {n});
+      unsigned __int128 want = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const int k = int((i * 37 + 11) % 201) - 100;
+        x.set(i, k / 8.0);
+        want += (unsigned __int128)(k * k) << 58;
+      }
+      INFO(dtype_name(dt) << " n " << n);
+      const ExactSum got = sumsq_of(ops, x);
+      CHECK(got.bad == 0);
+      CHECK(got.words[2] == 0);
+      CHECK(got.words[0] == uint64_t(want));
+      CHECK(got.words[1] == uint64_t(want >> 64));
+      CHECK(want != 0);
+    }
+}
+
+TEST_CASE("sumsq of a tensor is the exact sum of its 64-aligned pieces', on any threads",
+          "[cpu][ops]") {
+  Ops& ops = cpu_ops();
+  for (DType dt : {DType::F32, DType::F64, DType::BF16}) {
+    const int64_t n = 4099;
+    const HostTensor x = random_tensor(dt, {n}, 17);
+    const ExactSum whole = sumsq_of(ops, x);
+    double plain = 0;
+    for (int64_t i = 0; i < n; ++i) plain += x.get(i) * x.get(i);
+    INFO(dtype_name(dt));
+    CHECK(whole.bad == 0);
+    CHECK(std::fabs(whole.value() - plain) <= 1e-12 * plain);
+    // Cut at multiples of 64 (as slices of any count are): the pieces' sums add up to the whole's.
+    for (int64_t piece : {int64_t(64), int64_t(640), int64_t(1024), int64_t(2048 + 64)}) {
+      ExactSum sum;
+      for (int64_t first = 0; first < n; first += piece) {
+        Tensor part = x.t;
+        part.data = static_cast<char*>(x.t.data) + first * int64_t(dtype_size(dt));
+        part.shape[0] = std::min(piece, n - first);
+        sum.add(sumsq_of(ops, part));
+      }
+      INFO("pieces of " << piece);
+      CHECK(same(sum, whole));
+    }
+    // A piece that starts elsewhere regroups the squares: its sum may differ in the last bits.
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      CHECK(same(sumsq_of(ops, x), whole));
+    }
+  }
+}
+
+TEST_CASE("sumsq's blocks follow the documented tree", "[cpu][ops]") {
+  Ops& ops = cpu_ops();
+  const HostTensor x = random_tensor(DType::F64, {64}, 5, -1e3, 1e3);
+  double g[16];
+  for (int j = 0; j < 16; ++j) {
+    const double* v = x.ptr<double>() + 4 * j;
+    g[j] = (v[0] * v[0] + v[1] * v[1]) + (v[2] * v[2] + v[3] * v[3]);
+  }
+  for (int off : {8, 4, 2, 1})
+    for (int j = 0; j < off; ++j) g[j] += g[j + off];
+  ExactSum want;
+  want.add_double(g[0]);
+  CHECK(same(sumsq_of(ops, x), want));
+}
+
+TEST_CASE("sumsq flags non-finite terms and sums past 2^128; tiny terms vanish", "[cpu][ops]") {
+  Ops& ops = cpu_ops();
+  HostTensor x(DType::F32, {200});
+  for (int64_t i = 0; i < 200; ++i) x.set(i, 0.5);
+  CHECK(sumsq_of(ops, x).bad == 0);
+  CHECK(sumsq_of(ops, x).value() == 50.0);
+  for (double bad : {double(INFINITY), double(NAN), std::ldexp(1.0, 65)}) {
+    HostTensor y = x;
+    y.set(130, bad);
+    INFO(bad);
+    CHECK(sumsq_of(ops, y).bad == 1);
+  }
+  HostTensor tiny(DType::F32, {3});
+  for (int64_t i = 0; i < 3; ++i) tiny.set(i, std::ldexp(1.0, -40));  // squares below 2^-64
+  CHECK(sumsq_of(ops, tiny).value() == 0.0);
+  HostTensor f32(DType::F32, {1}), i64(DType::I64, {3});
+  CHECK_THROWS_AS(ops.sumsq(f32, x), Error);
+  CHECK_THROWS_AS(ops.sumsq(i64, x), Error);
+}
+
+TEST_CASE("exact sums: carries, and the pieces a sum over ranks adds", "[cpu][ops]") {
+  ExactSum a;
+  a.add_words(~uint64_t(0), ~uint64_t(0), 0);
+  a.add_words(1, 0, 0);  // carries through the middle word
+  CHECK((a.words[0] == 0 && a.words[1] == 0 && a.words[2] == 1 && a.bad == 0));
+  a.add_words(0, 0, ~uint64_t(0));  // past the top
+  CHECK(a.bad == 1);
+  // Three ranks' sums, added as pieces in doubles (as all_reduce_host does), in two orders.
+  ExactSum r[3];
+  const double terms[3] = {std::ldexp(1.0, 100) + 3.0, 12345.6789, std::ldexp(1.0, -50)};
+  ExactSum direct;
+  for (int i = 0; i < 3; ++i) {
+    r[i].add_double(terms[i]);
+    r[i].add_double(terms[(i + 1) % 3]);
+    direct.add(r[i]);
+  }
+  double sum[ExactSum::kPieces] = {}, back[ExactSum::kPieces] = {};
+  for (int i = 0; i < 3; ++i) {
+    double p[ExactSum::kPieces], q[ExactSum::kPieces];
+    r[i].to_pieces(p);
+    r[2 - i].to_pieces(q);
+    for (int k = 0; k < ExactSum::kPieces; ++k) sum[k] += p[k], back[k] += q[k];
+  }
+  CHECK(same(ExactSum::from_pieces(sum), direct));
+  CHECK(same(ExactSum::from_pieces(back), direct));
+  CHECK(direct.value() == std::ldexp(1.0, 101));  // the small terms are below its ulp
 }
 
 }  // namespace reference
@@ -291,8 +428,7 @@ TEST_CASE("add on the device rounds once and may run in place", "[gpu][pointwise
       }
 }
 
-TEST_CASE("sum and sumsq on the device match an fp64 sum and are reproducible",
-          "[gpu][pointwise]") {
+TEST_CASE("sum on the device matches an fp64 sum and is reproducible", "[gpu][pointwise]") {
   if (skip_without_gpu()) return;
   CudaOps ops;
   for (int64_t n :
@@ -300,25 +436,52 @@ TEST_CASE("sum and sumsq on the device match an fp64 sum and are reproducible",
     const HostTensor x = random_f32({n}, 9, -1, 1);
     for (DType dt : {DType::F32, DType::BF16, DType::F64})
       for (int64_t offset : {0, 1})
-        for (bool square : {false, true})
-          for (DType out_dt : {DType::F32, DType::F64}) {
-            INFO(dtype_name(dt) << " n " << n << " offset " << offset
-                                << (square ? " sumsq" : " sum") << " out " << dtype_name(out_dt));
-            double want = 0, scale = 0;
-            reference_reduce(x, square, want, scale);
-            DeviceTensor dx = upload_at(x, dt, offset);
-            DeviceTensor out = poisoned(out_dt, {1});
-            auto run = [&] {
-              if (square)
-                ops.sumsq(out.t, dx.t);
-              else
-                ops.sum(out.t, dx.t);
-              return download(out.t);
-            };
-            const HostTensor got = run();
-            CHECK(std::fabs(got.get(0) - want) <= kReduceRtol * scale);
-            CHECK(bitwise_equal(run(), got));
-          }
+        for (DType out_dt : {DType::F32, DType::F64}) {
+          INFO(dtype_name(dt) << " n " << n << " offset " << offset << " out "
+                              << dtype_name(out_dt));
+          double want = 0, scale = 0;
+          reference_reduce(x, false, want, scale);
+          DeviceTensor dx = upload_at(x, dt, offset);
+          DeviceTensor out = poisoned(out_dt, {1});
+          auto run = [&] {
+            ops.sum(out.t, dx.t);
+            return download(out.t);
+          };
+          const HostTensor got = run();
+          CHECK(std::fabs(got.get(0) - want) <= kReduceRtol * scale);
+          CHECK(bitwise_equal(run(), got));
+        }
+  }
+}
+
+// The exact sum of squares is integer arithmetic after each block's fixed tree: the device's words
+// equal the reference's, bit for bit, for any size, dtype and alignment (the vector and scalar
+// loads), and non-finite terms set the flag on both.
+TEST_CASE("sumsq on the device equals the CPU reference exactly", "[gpu][pointwise]") {
+  if (skip_without_gpu()) return;
+  CudaOps ops;
+  Ops& ref = cpu_ops();
+  for (int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t(63), int64_t(64), int64_t(65),
+                    int64_t(129), int64_t(4099), int64_t(1'000'003), int64_t(10'000'000)}) {
+    HostTensor x = random_f32({n}, 11, -3, 3);
+    for (bool nonfinite : {false, true}) {
+      if (nonfinite && n < 65) continue;
+      if (nonfinite) x.set(64, double(NAN));
+      for (DType dt : {DType::F32, DType::BF16, DType::F64})
+        for (int64_t offset : {0, 1}) {
+          INFO(dtype_name(dt) << " n " << n << " offset " << offset
+                              << (nonfinite ? " with a NaN" : ""));
+          const HostTensor xd = as_dtype(x, dt);
+          HostTensor want(DType::I64, {4});
+          ref.sumsq(want, xd);
+          DeviceTensor dx = upload_at(x, dt, offset);
+          DeviceTensor out = poisoned(DType::I64, {4});
+          ops.sumsq(out.t, dx.t);
+          const HostTensor got = download(out.t);
+          CHECK(bitwise_equal(got, want));
+          CHECK(want.ptr<int64_t>()[3] == (nonfinite ? 1 : 0));
+        }
+    }
   }
 }
 

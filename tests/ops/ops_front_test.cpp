@@ -74,7 +74,7 @@ TEST_CASE("ops front: bad arguments fail before the hook, good ones reach it onc
 TEST_CASE("ops front: the timer observes every op by its listed name", "[cpu][ops]") {
   auto backend = std::make_shared<RecordingBackend>();
   TimedOps timed(std::make_unique<Ops>(backend));
-  test::HostTensor x(DType::F32, {4, 8}), y(DType::F32, {4, 8}), out(DType::F32, {1});
+  test::HostTensor x(DType::F32, {4, 8}), y(DType::F32, {4, 8}), out(DType::I64, {4});
   timed.start_trace();
   timed.swiglu_fwd(test::HostTensor(DType::F32, {4, 4}), x);
   timed.sumsq(out, y);

@@ -43,6 +43,14 @@ inline std::vector<std::string> logged(const std::string& dir, const std::string
   return out;
 }
 
+// The steps of a run (metrics.jsonl in `dir`) whose gradient norm was above `clip`: clipping bound.
+inline int steps_clipped(const std::string& dir, double clip) {
+  int n = 0;
+  for (const Json& j : read_metrics(dir + "/metrics.jsonl"))
+    n += j.at("grad_norm").as_double() > clip;
+  return n;
+}
+
 // The tensors of `a` that `b` lacks or holds with other bytes.
 inline int differing_tensors(const std::map<std::string, std::string>& a, const std::map<std::string, std::string>& b) {
   int differ = 0;

@@ -1,10 +1,11 @@
 // Streamed gradients (optim.gradients: host) against kept ones (gpu), on CPU ranks with all
-// optimizer state on the host: three steps give the same losses and a final checkpoint with the
-// same bytes in every tensor, over one rank and two in-process ranks (dp or cp; ZeRO-1 owners:
-// every rank streams every segment, and sends to the host only what it owns), one micro-batch and several
-// (the running sums go to the host and come back), tied and untied embeddings; a run resumes
-// across a change (kept → streamed) to the same bytes. Gradient clipping binds: the global norm
-// takes the same squares in the same order. The program's slots are checked against the store.
+// optimizer state on the host: twenty steps give the same losses and norms and a final checkpoint
+// with the same bytes in every tensor, over one rank and two in-process ranks (dp or cp; ZeRO-1
+// owners: every rank streams every segment, and sends to the host only what it owns), one
+// micro-batch and several (the running sums go to the host and come back), tied and untied
+// embeddings; a run resumes across a change (kept → streamed, at step 10) to the same bytes.
+// Gradient clipping binds in every step: the global norm is exact, the same bits whichever way the
+// gradients reach it. The program's slots are checked against the store.
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -24,6 +25,8 @@ using namespace mop;
 
 namespace {
 
+const double kClip = 0.05;  // below every step's norm here: clipping binds throughout
+
 struct Layout {
   int dp = 1, ep = 1, micro_batches = 1;
   bool tied = false;
@@ -34,18 +37,28 @@ std::string config(const std::string& corpus, const std::string& dir, const Layo
                    int steps) {
   const int micro = 2;
   return test::compare_model_yaml(l.tied, corpus) +
-         "optim: {lr: 0.01, schedule: constant, warmup_steps: 0, grad_clip: 0.05, state_placement: host, "
-         "gradients: " + gradients + "}\n"
-         "train: {steps: " + std::to_string(steps) + ", global_batch_size: " +
-         std::to_string(micro * l.dp * l.micro_batches) + ", micro_batch_size: " + std::to_string(micro) +
+         "optim: {lr: 0.01, schedule: constant, warmup_steps: 0, grad_clip: " +
+         std::to_string(kClip) +
+         ", state_placement: host, "
+         "gradients: " +
+         gradients +
+         "}\n"
+         "train: {steps: " +
+         std::to_string(steps) +
+         ", global_batch_size: " + std::to_string(micro * l.dp * l.micro_batches) +
+         ", micro_batch_size: " + std::to_string(micro) +
          ", eval_interval: 0, device: cpu}\n"
-         "parallel: {attention: {cp: " + std::to_string(l.cp) + ", dp: " + std::to_string(l.dp) +
-         "}, moe: {ep: " + std::to_string(l.ep) + ", dp: " + std::to_string(l.cp * l.dp / l.ep) + "}}\n"
-         "checkpoint: {dir: " + dir + ", interval: 0, keep_last: 0, resume: auto}\n"
+         "parallel: {attention: {cp: " +
+         std::to_string(l.cp) + ", dp: " + std::to_string(l.dp) +
+         "}, moe: {ep: " + std::to_string(l.ep) + ", dp: " + std::to_string(l.cp * l.dp / l.ep) +
+         "}}\n"
+         "checkpoint: {dir: " +
+         dir +
+         ", interval: 0, keep_last: 0, resume: auto}\n"
          "log: {interval: 1}\n";
 }
 
-const int kSteps = 3;
+const int kSteps = 20;
 void train_layout(const std::string& corpus, const std::string& root, const Layout& l,
                   const std::function<World()>& world) {
   auto train = [&](const std::string& dir, const std::string& gradients, int steps) {
@@ -57,12 +70,13 @@ void train_layout(const std::string& corpus, const std::string& root, const Layo
   };
   train("kept", "gpu", kSteps);
   train("streamed", "host", kSteps);
-  train("ks", "gpu", 2);
+  train("ks", "gpu", kSteps / 2);
   train("ks", "host", kSteps);
 }
 
 void check_layout(const std::string& root) {
   test::check_same_runs(root, "kept", "streamed", {"loss", "grad_norm"}, {"streamed", "ks"}, kSteps);
+  CHECK(test::steps_clipped(root + "/kept", kClip) == kSteps);
 }
 
 }  // namespace

@@ -28,11 +28,19 @@ train: {global_batch_size: 16, micro_batch_size: 4, device: cuda}
 )", extra));
 }
 
-// Per segment, the aligned elements of a rank's parameters, and the two largest of them.
-int64_t two_largest_segments(const ModelLayout& layout, int segments) {
+// The elements parameter q's whole copy takes in a slot: its `replicas` slices (one: aligned).
+int64_t slot_numel(const ModelLayout& layout, int q, int replicas) {
+  const int64_t n = layout.params[q].numel();
+  return replicas == 1 ? aligned_numel(n) : replicas * slice_numel(n, replicas);
+}
+
+// Per segment, the slot elements of a rank's parameters, and the two largest of them.
+int64_t two_largest_segments(const ModelLayout& layout, int segments, int dense_replicas,
+                             int expert_replicas) {
   std::vector<int64_t> seg(size_t(segments), 0);
   for (int q = 0; q < int(layout.params.size()); ++q)
-    seg[size_t(param_segment(layout, q))] += aligned_numel(layout.params[q].numel());
+    seg[size_t(param_segment(layout, q))] += slot_numel(
+        layout, q, layout.params[q].kind == ParamKind::Experts ? expert_replicas : dense_replicas);
   std::sort(seg.rbegin(), seg.rend());
   return seg[0] + seg[1];
 }
@@ -53,14 +61,16 @@ TEST_CASE("plan: a sliced plan's memory is the replicated one's less what slicin
   REQUIRE(sliced.micro_batches == 1);
   REQUIRE(sliced.parallel.sliced());
   const ModelLayout layout = ModelLayout::build(ModelDims::from(sliced.cfg, 0, 2));
-  int64_t all = 0, slices = 0;
+  // Slices start at multiples of kParamAlign (model/params.h): ceil(n / replicas) rounded up.
+  int64_t all = 0, slices = 0, slots = 0;
   for (int q = 0; q < int(layout.params.size()); ++q) {
     const int64_t n = layout.params[q].numel();
-    const int64_t replicas = layout.params[q].kind == ParamKind::Experts ? 2 : 4;
+    const int replicas = layout.params[q].kind == ParamKind::Experts ? 2 : 4;
     all += aligned_numel(n);
     slices += aligned_numel((n + replicas - 1) / replicas);
+    slots += slot_numel(layout, q, replicas);
   }
-  const int64_t in_flight = two_largest_segments(layout, num_segments(sliced.dims));
+  const int64_t in_flight = two_largest_segments(layout, num_segments(sliced.dims), 4, 2);
   REQUIRE(slices < all / 2);
   // Weights: bf16 slices and two gathered segments; gradients: two segments whole in flight and
   // the fp32 slice the reduce-scatter leaves; state: fp32 master, m, v of the slice.
@@ -76,7 +86,7 @@ TEST_CASE("plan: a sliced plan's memory is the replicated one's less what slicin
   // Several micro-batches: the fp32 gradients stay whole (summed unsharded, reduce-scattered once).
   const Plan two = make_plan(tiny(fold + "\nparallel: {shard: slice}\ntrain: {micro_batch_size: 2}"), m, 4);
   REQUIRE(two.micro_batches == 2);
-  CHECK(two.memory.grads == size_t(all + slices) * 4);
+  CHECK(two.memory.grads == size_t(slots + slices) * 4);
   // The step gathers weights and reduce-scatters gradients: both priced.
   CHECK(sliced.time.of(StepComponent::Gathers).comm_total > 0);
   CHECK(whole.time.of(StepComponent::Gathers).comm_total == 0);
@@ -96,7 +106,7 @@ TEST_CASE("plan: streamed gradients keep two segments' on the GPU", "[cpu][plan]
   CHECK(kept.memory.host_grad_staging == size_t(all) * 2);  // bf16 copies on the device
   // Two slots of the largest segment (tiny's two largest are equal: its layers), fp32; the bf16
   // conversions for the host likewise.
-  const int64_t in_flight = two_largest_segments(layout, num_segments(streamed.dims));
+  const int64_t in_flight = two_largest_segments(layout, num_segments(streamed.dims), 1, 1);
   CHECK(streamed.memory.grads == size_t(in_flight) * 4);
   CHECK(streamed.memory.host_grad_staging == size_t(in_flight) * 2);
   // The host receives bf16 gradients and sends bf16 weights back (as kept); with several

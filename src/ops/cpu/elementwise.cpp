@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/exact_sum.h"
 #include "ops/cpu/cpu.h"
 
 namespace mop::cpu {
@@ -69,14 +70,10 @@ void convert_from(Tensor dst, const Src* s, int64_t n) {
 }
 
 // Scalar accumulation in double over any float dtype, in index order (deterministic).
-template <bool kSquare>
-void reduce_to(Tensor out, const Tensor& x) {
+void sum_to(Tensor out, const Tensor& x) {
   double s = 0;
   const int64_t n = x.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    double e = load_float(x, i);
-    s += kSquare ? e * e : e;
-  }
+  for (int64_t i = 0; i < n; ++i) s += load_float(x, i);
   if (out.dtype == DType::F32)
     out.ptr<float>()[0] = float(s);
   else
@@ -144,11 +141,39 @@ void CpuBackend::add(Tensor out, const Tensor& a, const Tensor& b) {
   });
 }
 
+// The blocks of op_list.inc's sumsq, each summed in its fixed tree and added exactly: the threads
+// may take the blocks in any split.
 void CpuBackend::sumsq(Tensor out, const Tensor& x) {
-  reduce_to<true>(out, x);
+  const int64_t n = x.numel(), blocks = (n + kSumsqBlock - 1) / kSumsqBlock;
+  ExactSum total;
+#pragma omp parallel
+  {
+    ExactSum mine;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      double g[kSumsqBlock / 4];
+      for (int j = 0; j < kSumsqBlock / 4; ++j) {
+        double sq[4];
+        for (int k = 0; k < 4; ++k) {
+          const int64_t i = b * kSumsqBlock + 4 * j + k;
+          const double e = i < n ? load_float(x, i) : 0.0;
+          sq[k] = e * e;
+        }
+        g[j] = (sq[0] + sq[1]) + (sq[2] + sq[3]);
+      }
+      for (int off = kSumsqBlock / 8; off >= 1; off /= 2)
+        for (int j = 0; j < off; ++j) g[j] += g[j + off];
+      mine.add_double(g[0]);
+    }
+#pragma omp critical
+    total.add(mine);
+  }
+  int64_t* o = out.ptr<int64_t>();
+  for (int i = 0; i < 3; ++i) std::memcpy(&o[i], &total.words[i], 8);
+  o[3] = int64_t(total.bad);
 }
 void CpuBackend::sum(Tensor out, const Tensor& x) {
-  reduce_to<false>(out, x);
+  sum_to(out, x);
 }
 
 }  // namespace mop::cpu

@@ -42,7 +42,7 @@ PointwiseState& CudaBackend::pointwise_state() {
   pointwise_.reset(new PointwiseState);
   PointwiseState& s = *pointwise_;
   const size_t table_bytes = size_t(kRopeSlots) * kernels::kRopeMaxHalfDim * sizeof(float);
-  s.reduce_partials = Buffer(MemKind::Device, kernels::kReduceMaxBlocks * sizeof(double));
+  s.reduce_partials = Buffer(MemKind::Device, kernels::kReduceMaxBlocks * 4 * sizeof(uint64_t));
   s.rope_device = Buffer(MemKind::Device, table_bytes);
   s.rope_host = Buffer(MemKind::Pinned, table_bytes);
   s.id_error = Buffer(MemKind::Pinned, sizeof(int));
@@ -110,13 +110,13 @@ void CudaBackend::add(Tensor out, const Tensor& a, const Tensor& b) {
 
 void CudaBackend::sumsq(Tensor out, const Tensor& x) {
   PointwiseState& s = pointwise_state();
-  kernels::reduce_sum(out.data, out.dtype, x.data, x.dtype, x.numel(), true,
-                      static_cast<double*>(s.reduce_partials.data()), stream_);
+  kernels::sumsq_exact(out.ptr<int64_t>(), x.data, x.dtype, x.numel(),
+                       static_cast<uint64_t*>(s.reduce_partials.data()), stream_);
 }
 
 void CudaBackend::sum(Tensor out, const Tensor& x) {
   PointwiseState& s = pointwise_state();
-  kernels::reduce_sum(out.data, out.dtype, x.data, x.dtype, x.numel(), false,
+  kernels::reduce_sum(out.data, out.dtype, x.data, x.dtype, x.numel(),
                       static_cast<double*>(s.reduce_partials.data()), stream_);
 }
 

@@ -19,7 +19,7 @@ namespace mop {
 constexpr int kRopeSlots = 8;
 
 struct PointwiseState {
-  Buffer reduce_partials;  // device double [kReduceMaxBlocks]
+  Buffer reduce_partials;  // device [kReduceMaxBlocks]: a double each (sum), 4 words (sumsq)
   Buffer dw_partials;      // device float, rmsnorm_bwd's per-block dw partials
   // embedding_bwd, for up to embed_capacity tokens
   Buffer sort_temp, sorted_ids, sorted_tokens, token_iota, long_runs;
