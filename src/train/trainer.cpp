@@ -1,8 +1,8 @@
 // The training loop (see trainer.h). Samples of optimizer step s: global samples
 // [s·G, (s+1)·G) of the loader; data-parallel rank r takes micro-batch m's samples
-// s·G + (m·dp + r)·b … +b. Each token's cross-entropy is weighted by 1 / (unmasked targets of the
-// whole step over all ranks), so gradient accumulation and data parallelism give the same
-// gradient as one big batch.
+// s·G + (m·dp + r)·b … +b (data/step_batches.h). Each token's cross-entropy is weighted by
+// 1 / (unmasked targets of the whole step over all ranks), so gradient accumulation and data
+// parallelism give the same gradient as one big batch.
 #include "train/trainer.h"
 
 #include <spdlog/spdlog.h>
@@ -153,7 +153,6 @@ void Trainer::build() {
                             {&groups_->world_gather, "weight gathers (world)"},
                             {&groups_->edp_gather, "weight gathers (edp)"}})
       if (*c) *c = time_comm(std::move(*c), *timed_, label);
-  dp_rank_ = groups_->dp;
   slicer_ = std::make_unique<SequenceSlicer>(int(cfg_.train.micro_batch_size),
                                              int(cfg_.data.seq_len), plan_.cp, groups_->cp);
 
@@ -198,11 +197,16 @@ void Trainer::build() {
                    "optimizer state again with them", format_bytes(extra));
     }
   }
-  const size_t tokens_local = size_t(cfg_.train.micro_batch_size) * size_t(plan_.local_seq);
-  const size_t tokens = size_t(plan_.micro_batches) * tokens_local;
-  ids_.assign(tokens, 0), targets_.assign(tokens, 0), positions_.assign(tokens, 0);
+  // This rank's samples of a step, cut to its cp rank's tokens, on the host.
+  const BatchGeometry geometry{int(cfg_.train.micro_batch_size), plan_.local_seq, plan_.micro_batches,
+                               plan_.dp, groups_->dp};
+  batches_ = std::make_unique<StepBatches>(
+      *loader_, geometry,
+      [this](const StepBatches::Read& read, int32_t* ids, int32_t* targets, int32_t* positions) {
+        return slicer_->fill(read, ids, targets, positions);
+      });
   if (plan_.run.device != Device::CPU)  // one micro-batch's ids/targets/positions on the GPU
-    batch_dev_ = Buffer(MemKind::Device, 3 * tokens_local * sizeof(int32_t));
+    batch_dev_ = Buffer(MemKind::Device, 3 * size_t(geometry.micro_batch_tokens()) * sizeof(int32_t));
 
   // 6. Optimizer state where the plan put it; ZeRO owners from the plan.
   std::vector<bool> owned;
@@ -406,36 +410,16 @@ void Trainer::resume_or_init() {
   spdlog::info("resumed from {} at step {} ({} samples consumed)", *dir, step_, consumed_samples_);
 }
 
-int64_t Trainer::fill_local(int64_t first, bool valid_split, int32_t* ids, int32_t* targets,
-                            int32_t* positions) {
-  const int b = int(cfg_.train.micro_batch_size);
-  return slicer_->fill(
-      [&](int32_t* i, int32_t* t, int32_t* p) {
-        return valid_split ? loader_->fill_valid(first, b, i, t, p) : loader_->fill(first, b, i, t, p);
-      },
-      ids, targets, positions);
-}
-
-void Trainer::fill_step_batches() {
-  const int64_t b = cfg_.train.micro_batch_size, T = b * plan_.local_seq;
-  int64_t valid = 0;
-  for (int m = 0; m < plan_.micro_batches; ++m) {
-    int64_t first = consumed_samples_ + (int64_t(m) * plan_.dp + dp_rank_) * b;
-    size_t off = size_t(m) * size_t(T);
-    valid += fill_local(first, false, ids_.data() + off, targets_.data() + off, positions_.data() + off);
-  }
-  step_valid_tokens_ = int64_t(groups_->world_host->all_reduce_host(double(valid), Comm::Op::Sum));
-}
-
 Batch Trainer::micro_batch(int m) {
-  const int64_t b = cfg_.train.micro_batch_size, S = plan_.local_seq, T = b * S;
-  size_t off = size_t(m) * size_t(T);
+  const BatchGeometry& g = batches_->geometry();
+  const int64_t T = g.micro_batch_tokens();
+  const StepBatches::HostMicroBatch host = batches_->micro_batch(m);
   Batch batch;
-  batch.batch = int(b);
-  batch.seq = int(S);
-  batch.ids = Tensor(ids_.data() + off, DType::I32, {T});
-  batch.targets = Tensor(targets_.data() + off, DType::I32, {T});
-  batch.positions = Tensor(positions_.data() + off, DType::I32, {T});
+  batch.batch = g.micro_batch_size;
+  batch.seq = g.local_seq;
+  batch.ids = Tensor(host.ids, DType::I32, {T});
+  batch.targets = Tensor(host.targets, DType::I32, {T});
+  batch.positions = Tensor(host.positions, DType::I32, {T});
   if (batch_dev_.data()) {
     int32_t* dev = static_cast<int32_t*>(batch_dev_.data());
     Tensor* parts[3] = {&batch.ids, &batch.targets, &batch.positions};
@@ -449,7 +433,8 @@ Batch Trainer::micro_batch(int m) {
 }
 
 Trainer::StepLosses Trainer::compute_gradients() {
-  fill_step_batches();
+  const int64_t valid = batches_->fill_step(consumed_samples_);
+  step_valid_tokens_ = int64_t(groups_->world_host->all_reduce_host(double(valid), Comm::Op::Sum));
   const float ce_scale = step_valid_tokens_ > 0 ? float(1.0 / double(step_valid_tokens_)) : 0.0f;
   if (step_valid_tokens_ == 0)
     spdlog::warn("step {}: every target of the step is masked; only the router losses train",
@@ -514,11 +499,9 @@ void Trainer::train_step(StepMetrics& sm) {
 }
 
 double Trainer::evaluate() {
-  const int64_t b = cfg_.train.micro_batch_size;
   double ce = 0, valid = 0;
   for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
-    int64_t first = (i * plan_.dp + dp_rank_) * b;
-    valid += double(fill_local(first, true, ids_.data(), targets_.data(), positions_.data()));
+    valid += double(batches_->fill_eval(i));
     schedule_->evaluate(micro_batch(0));
     ce += model_->take_losses().ce_sum;
   }

@@ -15,6 +15,7 @@
 
 #include "config/config.h"
 #include "data/loader.h"
+#include "data/step_batches.h"
 #include "data/tokenizer_files.h"
 #include "model/transformer.h"
 #include "ops/timed_ops.h"
@@ -96,10 +97,7 @@ class Trainer {
  private:
   void build();
   void resume_or_init();
-  void fill_step_batches();
-  // Samples [first, first + micro_batch) of the training (or validation) split; keeps this rank's
-  // tokens of every sequence. Returns the unmasked targets among them.
-  int64_t fill_local(int64_t first, bool valid_split, int32_t* ids, int32_t* targets, int32_t* positions);
+  // Micro-batch m of batches_ as the model reads it: on the ops device (a copy on GPUs).
   Batch micro_batch(int m);
   void train_step(StepMetrics& sm);
   double evaluate();
@@ -137,9 +135,8 @@ class Trainer {
 
   int64_t step_ = 0;             // optimizer steps done
   int64_t consumed_samples_ = 0;  // global training samples consumed
-  int dp_rank_ = 0;
-  std::vector<int32_t> ids_, targets_, positions_;  // this rank's micro-batches of the step
-  std::unique_ptr<SequenceSlicer> slicer_;          // this cp rank's tokens of the sequences read
+  std::unique_ptr<SequenceSlicer> slicer_;  // this cp rank's tokens of the sequences read
+  std::unique_ptr<StepBatches> batches_;    // this rank's micro-batches of the step, on the host
   int64_t step_valid_tokens_ = 0;                   // unmasked targets of the step, all ranks
   int64_t last_saved_step_ = -1;
   int64_t histogram_step_ = -1;  // the step the router histogram was last written at
