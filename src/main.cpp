@@ -10,13 +10,13 @@
 #include <iostream>
 #include <optional>
 
+#include "cli/commands.h"
+#include "cli/emulate.h"
+#include "cli/hf_interop.h"
+#include "cli/score.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "parallel/world.h"
-#include "train/commands.h"
-#include "train/emulate.h"
-#include "train/hf_interop.h"
-#include "train/score.h"
 #include "train/signals.h"
 
 namespace {
@@ -43,7 +43,7 @@ Examples:
 )";
 
 // The options that say which job `mop plan` and `mop emulate` are about: its config and the
-// machine and ranks it runs on (train/commands.h's plan_target).
+// machine and ranks it runs on (cli/commands.h's plan_target).
 void add_job_options(CLI::App* cmd, std::string& config, std::vector<std::string>& overrides, std::string& machine,
                      int& gpus, int& nodes) {
   cmd->add_option("-c,--config", config, "YAML config file")->required();

@@ -6,10 +6,10 @@
 
 #include "catch.h"
 #include "ckpt/file_io.h"
+#include "cli/hf_interop.h"
+#include "cli/score.h"
 #include "hf/hf_test_util.h"
 #include "test_util.h"
-#include "train/hf_interop.h"
-#include "train/score.h"
 
 using namespace mop;
 using namespace mop::hf_test;

@@ -9,10 +9,10 @@
 
 #include "catch.h"
 #include "ckpt/json.h"
+#include "cli/hf_interop.h"
+#include "cli/score.h"
 #include "core/small_file.h"
 #include "test_util.h"
-#include "train/hf_interop.h"
-#include "train/score.h"
 
 using namespace mop;
 namespace fs = std::filesystem;

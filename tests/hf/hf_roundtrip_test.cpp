@@ -6,12 +6,12 @@
 
 #include "catch.h"
 #include "ckpt/manifest.h"
+#include "cli/hf_interop.h"
 #include "hf/hf_test_util.h"
 #include "ops/ops.h"
 #include "optim/optimizer.h"
 #include "test_util.h"
 #include "train/checkpointing.h"
-#include "train/hf_interop.h"
 
 using namespace mop;
 using namespace mop::hf_test;

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "catch.h"
+#include "cli/emulate.h"
 #include "core/error.h"
 #include "parallel/collective_log.h"
 #include "parallel/inprocess_comm.h"
@@ -14,7 +15,6 @@
 #include "parallel/routing_model.h"
 #include "parallel/run_compare.h"
 #include "parallel/standin_comm.h"
-#include "train/emulate.h"
 #include "train/train_test_util.h"
 #include "train/trainer.h"
 

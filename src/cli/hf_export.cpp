@@ -6,11 +6,11 @@
 #include <cstdio>
 
 #include "ckpt/file_io.h"
+#include "cli/hf_checkpoint_reader.h"
+#include "cli/hf_interop.h"
 #include "core/error.h"
 #include "data/tokenizer_files.h"
 #include "ops/ops.h"
-#include "train/hf_checkpoint_reader.h"
-#include "train/hf_interop.h"
 
 namespace mop {
 

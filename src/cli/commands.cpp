@@ -1,5 +1,5 @@
 // The subcommands: train, validate, prepare-data, generate.
-#include "train/commands.h"
+#include "cli/commands.h"
 
 #include <spdlog/spdlog.h>
 
@@ -13,19 +13,19 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/dir_lock.h"
 #include "ckpt/file_io.h"
+#include "cli/forward_memory.h"
+#include "cli/text_codec.h"
 #include "config/config.h"
 #include "core/rng.h"
 #include "data/loader.h"
 #include "data/prepare_data.h"
 #include "parallel/launch.h"
-#include "plan/report.h"
 #include "plan/program.h"
+#include "plan/report.h"
 #include "plan/search.h"
 #include "runtime/runtime.h"
 #include "train/checkpointing.h"
-#include "train/forward_memory.h"
 #include "train/growth.h"
-#include "train/text_codec.h"
 #include "train/trainer.h"
 
 namespace mop {

@@ -31,7 +31,7 @@ ScoreResult score_sequences(const std::string& checkpoint,
                             const std::string& device, bool want_logits);
 
 // Text sequences, one per non-empty line of `path`, encoded as the checkpoint `checkpoint` (a step_N
-// directory or a checkpoint.dir) reads text: with its tokenizer (train/text_codec.h).
+// directory or a checkpoint.dir) reads text: with its tokenizer (cli/text_codec.h).
 std::vector<std::vector<int32_t>> read_text_file(const std::string& path, const std::string& checkpoint);
 
 struct ScoreArgs {

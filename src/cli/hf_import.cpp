@@ -8,10 +8,10 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/file_io.h"
 #include "ckpt/json.h"
+#include "cli/hf_interop.h"
 #include "core/error.h"
 #include "data/tokenizer_files.h"
 #include "ops/ops.h"
-#include "train/hf_interop.h"
 
 namespace mop {
 

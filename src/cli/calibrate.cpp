@@ -16,6 +16,8 @@
 #include <memory>
 #include <vector>
 
+#include "cli/commands.h"
+#include "cli/emulate.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "ops/ops.h"
@@ -25,8 +27,6 @@
 #include "plan/op_bytes.h"
 #include "runtime/memory.h"
 #include "runtime/runtime.h"
-#include "train/commands.h"
-#include "train/emulate.h"
 
 namespace mop {
 

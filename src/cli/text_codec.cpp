@@ -1,5 +1,5 @@
 // TextCodec (see text_codec.h).
-#include "train/text_codec.h"
+#include "cli/text_codec.h"
 
 #include "core/error.h"
 #include "data/prepare_data.h"

@@ -1,7 +1,7 @@
 // `mop score` (see score.h). Weights go straight from the checkpoint's fp32 tensors into the
 // compute weights (bf16 rounding on the GPU, as the trainer's master → weight cast), without
 // optimizer state, so scoring needs only the weights, their gradient buffer and the activations.
-#include "train/score.h"
+#include "cli/score.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,13 +10,13 @@
 #include <numeric>
 
 #include "ckpt/file_io.h"
+#include "cli/forward_memory.h"
+#include "cli/hf_checkpoint_reader.h"
+#include "cli/text_codec.h"
 #include "core/error.h"
 #include "core/small_file.h"
 #include "model/transformer.h"
 #include "train/checkpointing.h"
-#include "train/forward_memory.h"
-#include "train/hf_checkpoint_reader.h"
-#include "train/text_codec.h"
 #include "train/trainer.h"
 
 namespace mop {

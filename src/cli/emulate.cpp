@@ -1,5 +1,5 @@
 // `mop emulate` (see emulate.h).
-#include "train/emulate.h"
+#include "cli/emulate.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "ckpt/json.h"
+#include "cli/commands.h"
 #include "core/error.h"
 #include "data/prepare_data.h"
 #include "parallel/mesh.h"
@@ -19,7 +20,6 @@
 #include "parallel/standin_comm.h"
 #include "plan/plan.h"
 #include "runtime/runtime.h"
-#include "train/commands.h"
 #include "train/trainer.h"
 
 namespace mop {

@@ -1,6 +1,6 @@
 // Trainer checkpoint tensors for export and scoring (see hf_checkpoint_reader.h): tensors are
 // looked up by name in every model*.safetensors file, whatever rank layout wrote them.
-#include "train/hf_checkpoint_reader.h"
+#include "cli/hf_checkpoint_reader.h"
 
 #include <algorithm>
 

@@ -1,5 +1,5 @@
 // The memory check of generate and score (see forward_memory.h).
-#include "train/forward_memory.h"
+#include "cli/forward_memory.h"
 
 #include "core/error.h"
 #include "runtime/memory.h"
