@@ -1,4 +1,4 @@
-// The subcommands: train, validate, prepare-data, generate.
+// The subcommands: train, validate, plan, prepare-data, generate.
 #include "cli/commands.h"
 
 #include <spdlog/spdlog.h>
