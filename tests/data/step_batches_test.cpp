@@ -148,7 +148,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "step batches: a slice keeps its tokens of whole sequences; evaluation reads the "
+    "step batches: a slice keeps its tokens of whole sequences, evaluation reads the "
     "validation split",
     "[cpu][data]") {
   TempDir dir;
