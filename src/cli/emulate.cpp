@@ -313,7 +313,9 @@ int cmd_emulate(const EmulateArgs& args) {
   if (args.routing != "balanced" && eplan.ep > 1) {
     const int64_t tokens = int64_t(ecfg.train.micro_batch_size) * eplan.local_seq;
     const int q = RoutingModel::most_loaded(routing, eplan.ep, tokens);
-    loaded = mesh.moe_rank({0, q});
+    MeshCoord at;
+    at[Axis::Ep] = q;
+    loaded = mesh.rank_of(at, Axis::Ep);
     if (loaded != args.rank) ranks.push_back(loaded);
   }
   std::vector<Measured> measured;
@@ -336,8 +338,7 @@ int cmd_emulate(const EmulateArgs& args) {
     }
   }
 
-  const AttentionCoord a = mesh.attention(args.rank);
-  const MoeCoord mc = mesh.moe(args.rank);
+  const MeshCoord at = mesh.coord(args.rank);
   if (args.json) {
     Json j = Json::object();
     j["machine"] = machine.name;
@@ -351,8 +352,9 @@ int cmd_emulate(const EmulateArgs& args) {
     for (const Measured& m : measured) {
       Json r = rank_json(m, m.plan);
       if (m.rank == loaded && eplan.ep > 1)
-        r["routing_load"] = RoutingModel::load(routing, mesh.moe(m.rank).ep, eplan.ep,
-                                               int64_t(ecfg.train.micro_batch_size) * eplan.local_seq);
+        r["routing_load"] =
+            RoutingModel::load(routing, mesh.coord(m.rank)[Axis::Ep], eplan.ep,
+                               int64_t(ecfg.train.micro_batch_size) * eplan.local_seq);
       rs.push_back(std::move(r));
     }
     j["ranks"] = std::move(rs);
@@ -367,17 +369,20 @@ int cmd_emulate(const EmulateArgs& args) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("emulated rank %d of %d on %s (%s; this rank: attention dp %d cp %d, MoE edp %d ep %d), %d of %lld layers, "
-              "routing %s, %d step(s), the first a warm-up\n",
-              args.rank, world, machine.name.c_str(), mesh.str().c_str(), a.dp, a.cp, mc.edp, mc.ep, layers,
-              (long long)cfg.model.num_layers, routing.describe().c_str(), args.steps);
+  std::printf(
+      "emulated rank %d of %d on %s (%s; this rank: attention dp %d cp %d, MoE edp %d ep %d), %d "
+      "of %lld layers, "
+      "routing %s, %d step(s), the first a warm-up\n",
+      args.rank, world, machine.name.c_str(), mesh.str().c_str(), at[Axis::Dp], at[Axis::Cp],
+      at[Axis::Edp], at[Axis::Ep], layers, (long long)cfg.model.num_layers,
+      routing.describe().c_str(), args.steps);
   for (const Measured& m : measured) {
     std::string title = m.rank == args.rank ? "rank " + std::to_string(m.rank)
                                             : "the most-loaded rank, " + std::to_string(m.rank);
     if (m.rank == loaded && eplan.ep > 1 && args.routing != "balanced") {
       char b[96];
       std::snprintf(b, sizeof b, " (its experts receive %.2f× the balanced share)",
-                    RoutingModel::load(routing, mesh.moe(m.rank).ep, eplan.ep,
+                    RoutingModel::load(routing, mesh.coord(m.rank)[Axis::Ep], eplan.ep,
                                        int64_t(ecfg.train.micro_batch_size) * eplan.local_seq));
       title += b;
     }

@@ -83,8 +83,9 @@ class RecordingFactory final : public CommFactory {
 
  private:
   std::unique_ptr<Comm> wrap(std::unique_ptr<Comm> c, const char* kind, const MeshGroup& group) {
-    return std::make_unique<RecordingComm>(std::move(c), log_, std::string(kind) + " " + group_kind_name(group.kind) +
-                                                                  "(" + std::to_string(group.size()) + ")");
+    return std::make_unique<RecordingComm>(
+        std::move(c), log_,
+        std::string(kind) + " " + group.name() + "(" + std::to_string(group.size()) + ")");
   }
   std::unique_ptr<CommFactory> inner_;
   CollectiveLog& log_;

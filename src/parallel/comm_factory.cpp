@@ -23,7 +23,7 @@ class SelfCommFactory final : public CommFactory {
  public:
   int rank() const override { return 0; }
   std::unique_ptr<Comm> host(const MeshGroup& group) override {
-    MOP_CHECK(group.size() == 1, "a ", group_kind_name(group.kind), " group of ", group.size(),
+    MOP_CHECK(group.size() == 1, "a ", group.name(), " group of ", group.size(),
               " ranks in a world of one rank");
     return make_self_comm();
   }

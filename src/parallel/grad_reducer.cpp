@@ -3,22 +3,21 @@
 
 namespace mop {
 
-GradReducer::GradReducer(ParallelGroups& groups)
-    : dense_(groups.world_data.get()), expert_(groups.edp_data.get()) {
-  if (groups.world_grad && groups.edp_grad) {  // asynchronous comms on their own stream
-    dense_ = groups.world_grad.get(), expert_ = groups.edp_grad.get();
-    overlapped_ = true;
-  }
-}
+GradReducer::GradReducer(const ParallelGroups& groups)
+    : groups_(groups),
+      // Asynchronous comms on their own stream (GPU ranks with parallel.overlap_grad_reduce).
+      overlapped_(groups.side(CommKind::GradSums, kDenseReplicas) &&
+                  groups.side(CommKind::GradSums, kExpertReplicas)) {}
 
-void GradReducer::reduce(const std::vector<Tensor>& dense, const std::vector<Tensor>& expert) {
-  for (const Tensor& t : dense) dense_->all_reduce_sum(t);
-  for (const Tensor& t : expert) expert_->all_reduce_sum(t);
+void GradReducer::reduce(Axes replicas, const std::vector<Tensor>& grads) {
+  Comm& comm = overlapped_ ? *groups_.side(CommKind::GradSums, replicas) : groups_.data(replicas);
+  for (const Tensor& t : grads) comm.all_reduce_sum(t);
 }
 
 void GradReducer::join() {
-  dense_->join();
-  expert_->join();
+  if (overlapped_) return groups_.join(CommKind::GradSums);
+  groups_.data(kDenseReplicas).join();
+  groups_.data(kExpertReplicas).join();
 }
 
 }  // namespace mop

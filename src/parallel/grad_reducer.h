@@ -1,12 +1,11 @@
-// GradReducer: the data-parallel gradient sums, issued segment by segment as backward finishes them.
-// Dense gradients are summed over all ranks, expert gradients over the ranks holding the same
-// experts (edp). On the GPU the sums run on their own stream, through their own NCCL
-// communicators, after the compute issued so far: they overlap with the backward of the earlier
-// layers, and join() makes the compute stream wait for them before the optimizer reads the
-// gradients. On CPU ranks (MPI, blocking) each sum runs at once.
+// GradReducer: the data-parallel gradient sums, issued segment by segment as backward finishes
+// them, each gradient over the ranks that hold its parameter (its replica axes: kDenseReplicas for
+// dense parameters, kExpertReplicas for experts). On the GPU the sums run on their own stream,
+// through their own NCCL communicators, after the compute issued so far: they overlap with the
+// backward of the earlier layers, and join() makes the compute stream wait for them before the
+// optimizer reads the gradients. On CPU ranks (MPI, blocking) each sum runs at once.
 #pragma once
 
-#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
@@ -16,18 +15,19 @@ namespace mop {
 
 class GradReducer {
  public:
-  explicit GradReducer(ParallelGroups& groups);
+  explicit GradReducer(const ParallelGroups& groups);
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
-  // Sums these gradients in place once the compute issued so far has written them.
-  void reduce(const std::vector<Tensor>& dense, const std::vector<Tensor>& expert);
+  // Sums these gradients in place over the group along `replicas`, once the compute issued so far
+  // has written them.
+  void reduce(Axes replicas, const std::vector<Tensor>& grads);
   // The compute stream waits for every sum issued so far (nothing to do on the CPU).
   void join();
   bool overlapped() const { return overlapped_; }
 
  private:
-  Comm *dense_, *expert_;
+  const ParallelGroups& groups_;
   bool overlapped_ = false;
 };
 

@@ -1,15 +1,40 @@
-// Group communicators from a mesh and a comm factory (see groups.h).
+// A rank's comms by axes and kind (see groups.h).
 #include "parallel/groups.h"
 
 #include "ops/ops.h"
 
 namespace mop {
 
+namespace {
+const char* kind_label(CommKind kind) {
+  switch (kind) {
+    case CommKind::Host:
+      return "host";
+    case CommKind::Data:
+      return "";
+    case CommKind::GradSums:
+      return "gradient sums";
+    case CommKind::Gathers:
+      return "weight gathers";
+    case CommKind::Ring:
+      return "ring attention";
+    case CommKind::Dispatch:
+      return "expert dispatch";
+    case CommKind::Combine:
+      return "expert combine";
+  }
+  return "?";
+}
+}  // namespace
+
+ParallelGroups::ParallelGroups(const Mesh& mesh, int rank)
+    : mesh_(mesh), rank_(rank), coord_(mesh.coord(rank)) {}
+
 std::unique_ptr<ParallelGroups> ParallelGroups::single() {
-  auto g = std::make_unique<ParallelGroups>();
-  g->cp_host = make_self_comm(), g->ep_host = make_self_comm(), g->edp_host = make_self_comm();
-  g->world_data = make_self_comm(), g->cp_data = make_self_comm();
-  g->ep_data = make_self_comm(), g->edp_data = make_self_comm();
+  std::unique_ptr<ParallelGroups> g(new ParallelGroups(Mesh(1, MeshDims{}), 0));
+  g->add(CommKind::Host, kWorldAxes, make_self_comm(), "world");
+  g->add(CommKind::Data, kWorldAxes, make_self_comm(), "world");
+  g->world_host_ = &g->host(kWorldAxes);
   return g;
 }
 
@@ -18,7 +43,7 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& 
   const Mesh mesh = Mesh::of(cfg, world.size);
   if (world.size == 1) {
     auto g = single();
-    g->world_host = world.comm.get();
+    g->world_host_ = world.comm.get();
     return g;
   }
   MOP_CHECK(world.mpi || world.inprocess || world.standin, "several ranks without MPI");
@@ -27,52 +52,94 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Config& cfg, World& 
   return build(mesh, *comms, cfg.parallel.collective_timeout, ops, streams);
 }
 
+// The comms a rank makes, in order — the order is part of the protocol: every rank makes them
+// alike. plan.cpp's device_comms counts the device ones.
 std::unique_ptr<ParallelGroups> ParallelGroups::build(const Mesh& mesh, CommFactory& comms,
                                                       double collective_timeout, Ops& ops,
                                                       const CommStreams& streams) {
-  auto g = std::make_unique<ParallelGroups>();
-  g->rank = comms.rank(), g->size = mesh.world_size();
+  std::unique_ptr<ParallelGroups> g(new ParallelGroups(mesh, comms.rank()));
   g->watchdog = std::make_unique<CollectiveWatchdog>(collective_timeout);
   if (collective_timeout > 0) comms.share_watchdog(*g->watchdog);
   auto watched = [&](std::unique_ptr<Comm> c) { return watch(std::move(c), *g->watchdog); };
-  const MeshGroup world = mesh.group(GroupKind::World, g->rank);
-  const MeshGroup cp = mesh.group(GroupKind::Cp, g->rank), ep = mesh.group(GroupKind::Ep, g->rank);
-  const MeshGroup edp = mesh.group(GroupKind::Edp, g->rank);
-  g->world_host_owned = watched(comms.host(world));
-  g->world_host = g->world_host_owned.get();
-  g->cp_size = mesh.dims().cp, g->dp_size = mesh.dims().dp;
-  g->ep_size = mesh.dims().ep, g->edp_size = mesh.dims().edp;
-  const AttentionCoord a = mesh.attention(g->rank);
-  const MoeCoord m = mesh.moe(g->rank);
-  g->cp = a.cp, g->dp = a.dp, g->ep = m.ep, g->edp = m.edp;
-  // The order in which the comms are made is part of the protocol: every rank makes them alike.
-  g->cp_host = watched(comms.host(cp)), g->ep_host = watched(comms.host(ep));
-  g->edp_host = watched(comms.host(edp));
-  auto data = [&](const MeshGroup& group) {
-    return watched(comms.data(group, ops.device(), ops.stream()));
+  auto group = [&](Axes axes) { return mesh.group(axes, g->rank_); };
+  struct Named {
+    Axes axes;
+    const char* label;
   };
-  g->world_data = data(world), g->cp_data = data(cp), g->ep_data = data(ep),
-  g->edp_data = data(edp);
-  if (ops.device() != Device::CPU) {
-    // An asynchronous comm on its own stream that follows the compute stream.
-    auto side = [&](const MeshGroup& group, Stream stream) {
-      return watched(comms.side(group, stream, ops.stream()));
-    };
-    if (!streams.grad_sums.is_null()) {
-      g->world_grad = side(world, streams.grad_sums);
-      g->edp_grad = side(edp, streams.grad_sums);
-    }
-    if (!streams.gathers.is_null()) {
-      g->world_gather = side(world, streams.gathers);
-      g->edp_gather = side(edp, streams.gathers);
-    }
-    if (g->cp_size > 1 && !streams.ring.is_null()) g->cp_ring = side(cp, streams.ring);
-    if (g->ep_size > 1 && !streams.dispatch.is_null() && !streams.combine.is_null()) {
-      g->ep_dispatch = side(ep, streams.dispatch);
-      g->ep_combine = side(ep, streams.combine);
-    }
+  const Named world{kWorldAxes, "world"}, cp{Axes{Axis::Cp}, "cp"}, ep{Axes{Axis::Ep}, "ep"},
+      edp{kExpertReplicas, "edp"};
+  for (const Named& n : {world, cp, ep, edp})
+    g->add(CommKind::Host, n.axes, watched(comms.host(group(n.axes))), n.label);
+  g->world_host_ = &g->host(kWorldAxes);
+  for (const Named& n : {world, cp, ep, edp})
+    g->add(CommKind::Data, n.axes, watched(comms.data(group(n.axes), ops.device(), ops.stream())),
+           n.label);
+  if (ops.device() == Device::CPU) return g;
+  // An asynchronous comm on its own stream that follows the compute stream.
+  auto side = [&](CommKind kind, const Named& n, Stream stream) {
+    g->add(kind, n.axes, watched(comms.side(group(n.axes), stream, ops.stream())),
+           std::string(kind_label(kind)) + " (" + n.label + ")");
+  };
+  if (!streams.grad_sums.is_null())
+    side(CommKind::GradSums, world, streams.grad_sums),
+        side(CommKind::GradSums, edp, streams.grad_sums);
+  if (!streams.gathers.is_null())
+    side(CommKind::Gathers, world, streams.gathers), side(CommKind::Gathers, edp, streams.gathers);
+  if (mesh.dims().cp > 1 && !streams.ring.is_null()) side(CommKind::Ring, cp, streams.ring);
+  if (mesh.dims().ep > 1 && !streams.dispatch.is_null() && !streams.combine.is_null()) {
+    side(CommKind::Dispatch, ep, streams.dispatch);
+    side(CommKind::Combine, ep, streams.combine);
   }
   return g;
+}
+
+Axes ParallelGroups::reduced(Axes axes) const {
+  for (int i = 0; i < kNumAxes; ++i)
+    if (mesh_.dims().size(Axis(i)) == 1) axes = axes.without(Axis(i));
+  return axes;
+}
+
+void ParallelGroups::add(CommKind kind, Axes axes, std::unique_ptr<Comm> comm, std::string label) {
+  comms_.push_back({kind, axes, std::move(label), std::move(comm)});
+  index();
+}
+
+void ParallelGroups::index() {
+  exact_.clear(), reduced_.clear();
+  for (const Entry& e : comms_) {  // the first made stays
+    exact_.emplace(std::pair{e.kind, e.axes}, e.comm.get());
+    reduced_.emplace(std::pair{e.kind, reduced(e.axes)}, e.comm.get());
+  }
+}
+
+Comm* ParallelGroups::find(CommKind kind, Axes axes) const {
+  if (auto it = exact_.find({kind, axes}); it != exact_.end()) return it->second;
+  auto it = reduced_.find({kind, reduced(axes)});
+  return it == reduced_.end() ? nullptr : it->second;
+}
+
+Comm* ParallelGroups::side(CommKind kind, Axes axes) const {
+  MOP_CHECK(kind != CommKind::Host && kind != CommKind::Data, "side(): a side comm's kind");
+  return find(kind, axes);
+}
+
+Comm& ParallelGroups::get(CommKind kind, Axes axes) const {
+  Comm* c = find(kind, axes);
+  MOP_CHECK(c, "rank ", rank_, " has no ", kind == CommKind::Host ? "host" : "data", " comm along ",
+            axes.str(), " (", mesh_.str(), ")");
+  return *c;
+}
+
+void ParallelGroups::join(CommKind kind) const {
+  for (const Entry& e : comms_)
+    if (e.kind == kind) e.comm->join();
+}
+
+void ParallelGroups::wrap_tensor_comms(
+    const std::function<std::unique_ptr<Comm>(std::unique_ptr<Comm>, const std::string&)>& wrap) {
+  for (Entry& e : comms_)
+    if (e.kind != CommKind::Host) e.comm = wrap(std::move(e.comm), e.label);
+  index();
 }
 
 }  // namespace mop

@@ -1,13 +1,18 @@
-// The two foldings of the same N ranks and a communicator per group.
-//   attention: rank = dp · cp_size + cp   (cp ranks hold shards of the same sequences)
-//   MoE:       rank = edp · ep_size + ep  (ep ranks hold shards of the experts)
-// Dense gradients are reduced over all ranks, expert gradients over the edp group (the ranks
-// holding the same experts). Host comms carry small host-side exchanges (counts, norms); data
-// comms carry tensors on the backend's device (MPI on CPU ranks, NCCL on GPUs). The foldings are
-// a Mesh's, the comms come from a CommFactory.
+// A rank's communicators, each for the group along a set of mesh axes (mesh.h) and of a kind:
+// host comms carry small host-side exchanges (counts, norms, flags), data comms tensors on the
+// backend's device (MPI on CPU ranks, NCCL on GPUs), and on GPU ranks side comms run one purpose's
+// collectives on a stream of their own (gradient sums, weight gathers, ring attention's passes, the
+// expert exchange's two directions). Dense gradients are summed over kDenseReplicas, expert
+// gradients over kExpertReplicas; sequences are shared over cp, experts over ep. Components ask for
+// a comm by its axes and kind; which comms exist is said once, in build() (the plan counts the
+// same ones). The comms come from a CommFactory.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "config/config.h"
@@ -25,40 +30,17 @@ class Ops;
 // The streams of the asynchronous comms (the step's schedule owns them, schedule/streams.h). A
 // null stream: that comm is not made, and the group's blocking data comm serves instead.
 struct CommStreams {
-  Stream grad_sums;  // the data-parallel gradient sums (world and edp)
+  Stream grad_sums;  // the data-parallel gradient sums (dense and expert replicas)
   Stream ring;       // ring attention's K/V passes
   Stream dispatch, combine;  // the expert exchange, one per direction
-  Stream gathers;            // sliced parameters' weight gathers (world and edp)
+  Stream gathers;            // sliced parameters' weight gathers (dense and expert replicas)
 };
 
-struct ParallelGroups {
-  int rank = 0, size = 1;
-  int cp = 0, cp_size = 1, dp = 0, dp_size = 1;    // attention folding
-  int ep = 0, ep_size = 1, edp = 0, edp_size = 1;  // MoE folding
-  // Host-side comms: the world (a watched view of World's) and the groups.
-  Comm* world_host = nullptr;
-  std::unique_ptr<Comm> world_host_owned, cp_host, ep_host, edp_host;
-  std::unique_ptr<Comm> world_data, cp_data, ep_data, edp_data;  // tensors on the ops device
-  // GPU ranks with a gradient-sums stream: the gradient sums' own communicators (world, edp),
-  // asynchronous on that stream, so they overlap with backward (GradReducer).
-  std::unique_ptr<Comm> world_grad, edp_grad;
-  // GPU ranks with sliced parameters and a gathers stream: the weight gathers' own communicators
-  // (world, edp), asynchronous on that stream, so a segment's gather overlaps the compute of the
-  // one before it (the step program's join-gathers waits for them). Null otherwise (the data
-  // comms serve).
-  std::unique_ptr<Comm> world_gather, edp_gather;
-  // GPU ranks with ep > 1 and exchange streams: the expert all-to-alls' own communicators, one
-  // for the exchanges that bring tokens to the experts and one for those that return them, each
-  // on its own stream (ExpertDispatcher overlaps them with the experts). Null on CPU ranks
-  // (ep_data serves).
-  std::unique_ptr<Comm> ep_dispatch, ep_combine;
-  // GPU ranks with cp > 1 and a ring stream: the K/V ring's own communicator (RingAttention
-  // overlaps each step's transfers with its blocks). Null otherwise (cp_data serves).
-  std::unique_ptr<Comm> cp_ring;
-  // Several ranks: every collective above is watched (parallel.collective_timeout).
-  std::unique_ptr<CollectiveWatchdog> watchdog;
+enum class CommKind { Host, Data, GradSums, Gathers, Ring, Dispatch, Combine };
 
-  // Splits the world by the config's foldings (validated against the world size). One rank (or a
+class ParallelGroups {
+ public:
+  // Splits the world by the config's axes (validated against the world size). One rank (or a
   // world without MPI) gets self comms. GPU ranks get the asynchronous comms whose streams are
   // given, each following the compute stream (ops.stream()).
   static std::unique_ptr<ParallelGroups> build(const Config& cfg, World& world, Ops& ops,
@@ -70,9 +52,53 @@ struct ParallelGroups {
                                                const CommStreams& streams = {});
   // A single-rank layout with self comms (tests, generation).
   static std::unique_ptr<ParallelGroups> single();
-  ParallelGroups() = default;
   ParallelGroups(const ParallelGroups&) = delete;
   ParallelGroups& operator=(const ParallelGroups&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return mesh_.world_size(); }
+  const Mesh& mesh() const { return mesh_; }
+  int coord(Axis a) const { return coord_[a]; }
+  int size(Axis a) const { return mesh_.dims().size(a); }
+
+  // The comm of `kind` over this rank's group along `axes`: the one made for exactly these axes,
+  // else — axes of size 1 do not change a group (kWorldAxes with one stage is kDenseReplicas'
+  // group) — the first made for the same axes without those. Host and data comms exist for every
+  // group the step uses; side comms only on GPU ranks with their stream (side() is null otherwise:
+  // the data comm serves, blocking).
+  Comm& host(Axes axes) const { return get(CommKind::Host, axes); }
+  Comm& data(Axes axes) const { return get(CommKind::Data, axes); }
+  Comm* side(CommKind kind, Axes axes) const;
+  Comm& world_host() const { return *world_host_; }
+  // The compute stream waits for every comm of `kind` (a side kind's collectives issued so far).
+  void join(CommKind kind) const;
+  // Replaces every tensor comm (data and side) by wrap(comm, its label), e.g. to time them.
+  void wrap_tensor_comms(
+      const std::function<std::unique_ptr<Comm>(std::unique_ptr<Comm>, const std::string&)>& wrap);
+
+  // Several ranks: every collective is watched (parallel.collective_timeout).
+  std::unique_ptr<CollectiveWatchdog> watchdog;
+
+ private:
+  explicit ParallelGroups(const Mesh& mesh, int rank);
+  Comm* find(CommKind kind, Axes axes) const;
+  Comm& get(CommKind kind, Axes axes) const;
+  Axes reduced(Axes axes) const;  // without the axes of size 1
+  void add(CommKind kind, Axes axes, std::unique_ptr<Comm> comm, std::string label);
+  void index();  // the lookups below, from comms_
+
+  Mesh mesh_;
+  int rank_ = 0;
+  MeshCoord coord_;
+  Comm* world_host_ = nullptr;  // a watched view of World's comm, or World's own (one rank)
+  struct Entry {
+    CommKind kind;
+    Axes axes;
+    std::string label;
+    std::unique_ptr<Comm> comm;
+  };
+  std::vector<Entry> comms_;                                    // in the order they were made
+  std::map<std::pair<CommKind, Axes>, Comm*> exact_, reduced_;  // (kind, axes) → the first made
 };
 
 }  // namespace mop

@@ -270,8 +270,8 @@ class InProcessWorld {
   }
   int size() const { return num_ranks_; }
 
-  // The rendezvous of the `ordinal`-th comm made for a group of `kind` with members `ranks`.
-  std::shared_ptr<Channel> channel(GroupKind kind, const std::vector<int>& ranks, int ordinal) {
+  // The rendezvous of the `ordinal`-th comm made for a group along `kind` with members `ranks`.
+  std::shared_ptr<Channel> channel(Axes kind, const std::vector<int>& ranks, int ordinal) {
     std::lock_guard<std::mutex> lock(mutex_);
     std::shared_ptr<Channel>& c = channels_[{kind, ranks, ordinal}];
     if (!c) c = std::make_shared<Channel>(int(ranks.size()));
@@ -281,7 +281,7 @@ class InProcessWorld {
  private:
   int num_ranks_;
   std::mutex mutex_;
-  std::map<std::tuple<GroupKind, std::vector<int>, int>, std::shared_ptr<Channel>> channels_;
+  std::map<std::tuple<Axes, std::vector<int>, int>, std::shared_ptr<Channel>> channels_;
 };
 
 namespace {
@@ -296,19 +296,19 @@ class InProcessCommFactory final : public CommFactory {
   int rank() const override { return rank_; }
   std::unique_ptr<Comm> host(const MeshGroup& group) override {
     MOP_CHECK(group.index >= 0 && group.index < group.size() && group.world_rank() == rank_,
-              "rank ", rank_, " asked for a ", group_kind_name(group.kind), " group it is not in");
+              "rank ", rank_, " asked for a ", group.name(), " group it is not in");
     for (int r : group.ranks)
       MOP_CHECK(r >= 0 && r < world_->size(), "rank ", r, " outside an in-process world of ",
                 world_->size());
-    const int ordinal = made_[{group.kind, group.ranks}]++;
-    return std::make_unique<InProcessComm>(world_->channel(group.kind, group.ranks, ordinal),
+    const int ordinal = made_[{group.axes, group.ranks}]++;
+    return std::make_unique<InProcessComm>(world_->channel(group.axes, group.ranks, ordinal),
                                            group.index);
   }
 
  private:
   std::shared_ptr<InProcessWorld> world_;
   int rank_;
-  std::map<std::pair<GroupKind, std::vector<int>>, int> made_;  // comms made so far per group
+  std::map<std::pair<Axes, std::vector<int>>, int> made_;  // comms made so far per group
 };
 
 }  // namespace

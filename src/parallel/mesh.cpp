@@ -1,5 +1,4 @@
-// Mesh coordinates and groups: each group is one line of the grid, its members ordered by their
-// coordinate along it (see mesh.h).
+// Mesh coordinates and groups (see mesh.h): every formula between ranks and coordinates.
 #include "parallel/mesh.h"
 
 #include "config/config.h"
@@ -7,36 +6,70 @@
 
 namespace mop {
 
-const char* group_kind_name(GroupKind kind) {
-  switch (kind) {
-    case GroupKind::World:
-      return "world";
-    case GroupKind::Cp:
-      return "cp";
-    case GroupKind::Dp:
+const char* axis_name(Axis a) {
+  switch (a) {
+    case Axis::Pp:
+      return "pp";
+    case Axis::Dp:
       return "dp";
-    case GroupKind::Ep:
-      return "ep";
-    case GroupKind::Edp:
+    case Axis::Cp:
+      return "cp";
+    case Axis::Edp:
       return "edp";
+    case Axis::Ep:
+      return "ep";
   }
   return "?";
+}
+
+std::string Axes::str() const {
+  std::string s;
+  for (int i = 0; i < kNumAxes; ++i)
+    if (has(Axis(i))) s += (s.empty() ? "" : "×") + std::string(axis_name(Axis(i)));
+  return s.empty() ? "{}" : s;
+}
+
+std::string MeshGroup::name() const {
+  return axes == kWorldAxes ? "world" : axes.str();
 }
 
 MeshGroup world_group(int world_size, int rank) {
   MOP_CHECK(rank >= 0 && rank < world_size, "rank ", rank, " of a world of ", world_size);
   MeshGroup g;
+  g.axes = kWorldAxes;
   for (int r = 0; r < world_size; ++r) g.ranks.push_back(r);
   g.index = rank;
   return g;
 }
 
+int MeshDims::size(Axis a) const {
+  switch (a) {
+    case Axis::Pp:
+      return pp;
+    case Axis::Dp:
+      return dp;
+    case Axis::Cp:
+      return cp;
+    case Axis::Edp:
+      return edp;
+    case Axis::Ep:
+      return ep;
+  }
+  return 1;
+}
+
+int MeshDims::size(Axes axes) const {
+  int n = 1;
+  for (int i = 0; i < kNumAxes; ++i)
+    if (axes.has(Axis(i))) n *= size(Axis(i));
+  return n;
+}
+
 Mesh::Mesh(int world_size, const MeshDims& d) : world_size_(world_size), dims_(d) {
-  MOP_CHECK(world_size >= 1 && d.dp >= 1 && d.cp >= 1 && d.edp >= 1 && d.ep >= 1,
+  MOP_CHECK(world_size >= 1 && d.pp >= 1 && d.dp >= 1 && d.cp >= 1 && d.edp >= 1 && d.ep >= 1,
             "mesh dimensions must be positive: ", str());
-  MOP_CHECK(d.dp * d.cp == world_size && d.edp * d.ep == world_size,
+  MOP_CHECK(d.dp * d.cp == d.edp * d.ep && d.pp * d.dp * d.cp == world_size,
             "mesh foldings must cover the world exactly: ", str());
-  MOP_CHECK(d.pp == 1, "pipeline stages (pp ", d.pp, ") are not supported yet");
 }
 
 Mesh Mesh::of(const Config& cfg, int world_size) {
@@ -51,62 +84,74 @@ void Mesh::check_rank(int rank) const {
   MOP_CHECK(rank >= 0 && rank < world_size_, "rank ", rank, " outside ", str());
 }
 
-AttentionCoord Mesh::attention(int rank) const {
+MeshCoord Mesh::coord(int rank) const {
   check_rank(rank);
-  return {rank / dims_.cp, rank % dims_.cp};
+  const int within = rank % dims_.stage();
+  MeshCoord c;
+  c[Axis::Pp] = rank / dims_.stage();
+  c[Axis::Dp] = within / dims_.cp, c[Axis::Cp] = within % dims_.cp;
+  c[Axis::Edp] = within / dims_.ep, c[Axis::Ep] = within % dims_.ep;
+  return c;
 }
 
-int Mesh::attention_rank(AttentionCoord c) const {
-  MOP_CHECK(c.dp >= 0 && c.dp < dims_.dp && c.cp >= 0 && c.cp < dims_.cp,
-            "attention coordinate (dp ", c.dp, ", cp ", c.cp, ") outside ", str());
-  return c.dp * dims_.cp + c.cp;
+std::array<Axis, 3> Mesh::folding(Axes axes) const {
+  const bool attention = !(axes & kAttentionAxes).empty(), moe = !(axes & kMoeAxes).empty();
+  MOP_CHECK(!(attention && moe), "a group along ", axes.str(), " mixes the attention and MoE axes");
+  return moe ? std::array<Axis, 3>{Axis::Pp, Axis::Edp, Axis::Ep}
+             : std::array<Axis, 3>{Axis::Pp, Axis::Dp, Axis::Cp};
 }
 
-MoeCoord Mesh::moe(int rank) const {
-  check_rank(rank);
-  return {rank / dims_.ep, rank % dims_.ep};
-}
-
-int Mesh::moe_rank(MoeCoord c) const {
-  MOP_CHECK(c.edp >= 0 && c.edp < dims_.edp && c.ep >= 0 && c.ep < dims_.ep, "MoE coordinate (edp ",
-            c.edp, ", ep ", c.ep, ") outside ", str());
-  return c.edp * dims_.ep + c.ep;
-}
-
-MeshGroup Mesh::group(GroupKind kind, int rank) const {
-  check_rank(rank);
-  if (kind == GroupKind::World) return world_group(world_size_, rank);
-  MeshGroup g;
-  g.kind = kind;
-  const AttentionCoord a = attention(rank);
-  const MoeCoord m = moe(rank);
-  switch (kind) {
-    case GroupKind::Cp:
-      for (int i = 0; i < dims_.cp; ++i) g.ranks.push_back(attention_rank({a.dp, i}));
-      g.index = a.cp;
-      break;
-    case GroupKind::Dp:
-      for (int i = 0; i < dims_.dp; ++i) g.ranks.push_back(attention_rank({i, a.cp}));
-      g.index = a.dp;
-      break;
-    case GroupKind::Ep:
-      for (int i = 0; i < dims_.ep; ++i) g.ranks.push_back(moe_rank({m.edp, i}));
-      g.index = m.ep;
-      break;
-    case GroupKind::Edp:
-      for (int i = 0; i < dims_.edp; ++i) g.ranks.push_back(moe_rank({i, m.ep}));
-      g.index = m.edp;
-      break;
-    case GroupKind::World:
-      break;
+int Mesh::rank_of(const MeshCoord& c, Axis folding_axis) const {
+  const std::array<Axis, 3> f = folding(Axes{folding_axis});
+  int rank = 0;
+  for (Axis a : f) {
+    MOP_CHECK(c[a] >= 0 && c[a] < dims_.size(a), axis_name(a), " coordinate ", c[a], " outside ",
+              str());
+    rank = rank * dims_.size(a) + c[a];
   }
+  return rank;
+}
+
+MeshGroup Mesh::group(Axes axes, int rank) const {
+  const std::array<Axis, 3> f = folding(axes);
+  const MeshCoord me = coord(rank);
+  MeshGroup g;
+  g.axes = axes;
+  // The members' coordinates along `axes`, outermost first: ascending world rank.
+  const int n = dims_.size(axes);
+  for (int i = 0; i < n; ++i) {
+    MeshCoord c = me;
+    int rest = i;
+    for (int k = 2; k >= 0; --k)
+      if (axes.has(f[size_t(k)]))
+        c[f[size_t(k)]] = rest % dims_.size(f[size_t(k)]), rest /= dims_.size(f[size_t(k)]);
+    g.ranks.push_back(rank_of(c, f[1]));
+  }
+  g.index = index_in(axes, rank);
   return g;
 }
 
+int Mesh::index_in(Axes axes, int rank) const {
+  const std::array<Axis, 3> f = folding(axes);
+  const MeshCoord me = coord(rank);
+  int index = 0;
+  for (Axis a : f)
+    if (axes.has(a)) index = index * dims_.size(a) + me[a];
+  return index;
+}
+
+int Mesh::on_node(Axes axes, int rank, int per_node) const {
+  MOP_CHECK(per_node >= 1, "ranks per node: ", per_node);
+  int n = 0;
+  for (int r : group(axes, rank).ranks) n += r / per_node == rank / per_node;
+  return n;
+}
+
 std::string Mesh::str() const {
-  return "world " + std::to_string(world_size_) + ": attention dp " + std::to_string(dims_.dp) +
-         " × cp " + std::to_string(dims_.cp) + ", MoE edp " + std::to_string(dims_.edp) + " × ep " +
-         std::to_string(dims_.ep) + (dims_.pp != 1 ? ", pp " + std::to_string(dims_.pp) : "");
+  return "world " + std::to_string(world_size_) + ": " +
+         (dims_.pp != 1 ? "pp " + std::to_string(dims_.pp) + " × " : std::string()) +
+         "attention dp " + std::to_string(dims_.dp) + " × cp " + std::to_string(dims_.cp) +
+         ", MoE edp " + std::to_string(dims_.edp) + " × ep " + std::to_string(dims_.ep);
 }
 
 }  // namespace mop

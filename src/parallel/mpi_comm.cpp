@@ -144,27 +144,27 @@ class MpiCommFactory final : public CommFactory {
   void share_watchdog(CollectiveWatchdog& dog) override { dog.share_with_peers(); }
 
  private:
-  // One split per group kind, shared by every comm of that kind, as MPI_Comm_split is collective
+  // One split per set of axes, shared by every comm along them, as MPI_Comm_split is collective
   // over the whole world (so a factory serves one mesh). The first member of each group is its
   // colour (groups of one kind are disjoint), the member's place in it the key, so MPI orders the
   // group as the mesh does.
   MPI_Comm communicator(const MeshGroup& group) {
     MOP_CHECK(group.index >= 0 && group.index < group.size() && group.world_rank() == rank_,
-              "rank ", rank_, " asked for a ", group_kind_name(group.kind), " group it is not in");
-    if (group.kind == GroupKind::World) {
+              "rank ", rank_, " asked for a ", group.name(), " group it is not in");
+    if (group.axes == kWorldAxes) {
       int size = 0;
       MOP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
       MOP_CHECK(size == group.size(), "a world group of ", group.size(), " ranks, MPI has ", size);
       return MPI_COMM_WORLD;
     }
-    auto it = splits_.find(group.kind);
+    auto it = splits_.find(group.axes);
     if (it == splits_.end()) {
       MPI_Comm split;
       MOP_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, group.ranks[0], group.index, &split));
-      it = splits_.emplace(group.kind, Split{group.ranks, split}).first;
+      it = splits_.emplace(group.axes, Split{group.ranks, split}).first;
     }
-    MOP_CHECK(it->second.ranks == group.ranks, "rank ", rank_, " asked for another ",
-              group_kind_name(group.kind), " group than the one it split (one mesh per factory)");
+    MOP_CHECK(it->second.ranks == group.ranks, "rank ", rank_, " asked for another ", group.name(),
+              " group than the one it split (one mesh per factory)");
     return it->second.comm;
   }
   struct Split {
@@ -172,7 +172,7 @@ class MpiCommFactory final : public CommFactory {
     MPI_Comm comm;  // lives as long as the process (the comms refer to it)
   };
   int rank_ = 0;
-  std::map<GroupKind, Split> splits_;
+  std::map<Axes, Split> splits_;
 };
 
 }  // namespace

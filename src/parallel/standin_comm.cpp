@@ -15,11 +15,12 @@ class StandInComm final : public Comm {
  public:
   // `stream`: where device copies run (null: host buffers only); `follow`: the compute stream an
   // asynchronous comm follows (null: none, the copies are ordered on `stream` itself).
-  StandInComm(const MeshGroup& group, std::shared_ptr<const StandInJob> job, Stream stream, Stream follow)
+  StandInComm(const MeshGroup& group, std::shared_ptr<const StandInJob> job, Stream stream,
+              Stream follow)
       : job_(std::move(job)),
         rank_(group.index),
         size_(group.size()),
-        name_(std::string("stand-in ") + group_kind_name(group.kind) + "(" + std::to_string(group.size()) + ")"),
+        name_(std::string("stand-in ") + group.name() + "(" + std::to_string(group.size()) + ")"),
         stream_(stream),
         follow_(follow) {
     if (!follow_.is_null() && !(follow_ == stream_)) {
@@ -135,8 +136,8 @@ class StandInCommFactory final : public CommFactory {
 
  private:
   std::unique_ptr<Comm> make(const MeshGroup& group, Stream stream, Stream follow) {
-    MOP_CHECK(group.index >= 0 && group.index < group.size() && group.world_rank() == job_->rank, "rank ",
-              job_->rank, " asked for a ", group_kind_name(group.kind), " group it is not in");
+    MOP_CHECK(group.index >= 0 && group.index < group.size() && group.world_rank() == job_->rank,
+              "rank ", job_->rank, " asked for a ", group.name(), " group it is not in");
     return std::make_unique<StandInComm>(group, job_, stream, follow);
   }
   std::shared_ptr<const StandInJob> job_;

@@ -2,6 +2,7 @@
 #include "plan/parallel_spec.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 
 namespace mop {
@@ -14,14 +15,17 @@ bool ParallelSpec::sliced() const {
   return std::any_of(params.begin(), params.end(), [](const ParamSharding& s) { return s.kind == Sharding::Slice; });
 }
 
-ParallelSpec make_parallel_spec(const ModelLayout& layout, int cp, int dp, int ep, int edp, bool zero,
+Axes replica_axes(const ParamDef& def) {
+  return def.kind == ParamKind::Experts ? kExpertReplicas : kDenseReplicas;
+}
+
+ParallelSpec make_parallel_spec(const ModelLayout& layout, const MeshDims& dims, bool zero,
                                 bool slice) {
   ParallelSpec spec;
-  spec.cp = cp, spec.dp = dp, spec.ep = ep, spec.edp = edp;
+  spec.dims = dims;
   const int n = int(layout.params.size());
   spec.params.resize(size_t(n));
-  for (int p = 0; p < n; ++p)
-    spec.params[size_t(p)].group = layout.params[p].kind == ParamKind::Experts ? ReplicaGroup::Edp : ReplicaGroup::World;
+  for (int p = 0; p < n; ++p) spec.params[size_t(p)].replicas = replica_axes(layout.params[p]);
   if (slice) {  // also where one replica holds the whole slice: the same step, gathers are copies
     for (int p = 0; p < n; ++p) spec.params[size_t(p)].kind = Sharding::Slice;
     return spec;
@@ -32,10 +36,11 @@ ParallelSpec make_parallel_spec(const ModelLayout& layout, int cp, int dp, int e
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return layout.params[a].numel() > layout.params[b].numel(); });
-  std::vector<int64_t> dense_load(size_t(spec.world()), 0), expert_load(size_t(edp), 0);
+  std::map<Axes, std::vector<int64_t>> loads;  // per replica group: each replica's elements
   for (int p : order) {
     ParamSharding& s = spec.params[size_t(p)];
-    auto& load = s.group == ReplicaGroup::Edp ? expert_load : dense_load;
+    std::vector<int64_t>& load = loads[s.replicas];
+    load.resize(size_t(dims.size(s.replicas)), 0);
     const int best = int(std::min_element(load.begin(), load.end()) - load.begin());
     load[size_t(best)] += layout.params[p].numel();
     s.kind = Sharding::Owner, s.owner = best;

@@ -1,10 +1,10 @@
-// The parallel spec: the mesh's dimensions (attention cp × dp, experts ep × edp; pp reserved at 1)
-// and, for every parameter of a rank's layout, the group of ranks that hold copies of it and how
-// they share it: replicated (each keeps the whole optimizer state and updates it), owner (ZeRO-1:
-// one replica keeps the state, updates, and broadcasts the new weights) or slice (ZeRO-3: each
-// replica keeps one slice of the parameter — weights, gradients and state — and the whole weights
-// exist only while a segment is gathered). The plan makes it; the schedule, the optimizer and the
-// time model read it.
+// The parallel spec: the mesh's dimensions (parallel/mesh.h: pp, attention dp × cp, experts
+// edp × ep) and, for every parameter of a rank's layout, the axes of the ranks that hold copies of
+// it and how they share it: replicated (each keeps the whole optimizer state and updates it), owner
+// (ZeRO-1: one replica keeps the state, updates, and broadcasts the new weights) or slice (ZeRO-3:
+// each replica keeps one slice of the parameter — weights, gradients and state — and the whole
+// weights exist only while a segment is gathered). The plan makes it; the schedule, the optimizer
+// and the time model read it.
 #pragma once
 
 #include <string>
@@ -12,14 +12,9 @@
 
 #include "model/model_spec.h"
 #include "model/params.h"
+#include "parallel/mesh.h"
 
 namespace mop {
-
-// The ranks that hold the same copy of a parameter.
-enum class ReplicaGroup {
-  World,  // dense parameters: every rank (cp × dp)
-  Edp,    // experts: the ranks that hold the same experts (the edp group, one per ep rank)
-};
 
 enum class Sharding {
   Replicated,  // every replica keeps the state and updates it
@@ -29,26 +24,27 @@ enum class Sharding {
 };
 
 struct ParamSharding {
-  ReplicaGroup group = ReplicaGroup::World;
+  Axes replicas = kDenseReplicas;  // the ranks that hold copies of it (experts: kExpertReplicas)
   Sharding kind = Sharding::Replicated;
-  int owner = 0;  // Owner: the owner's index in the group
+  int owner = 0;  // Owner: the owner's index in its replicas' group
 };
 
 struct ParallelSpec {
-  int cp = 1, dp = 1, ep = 1, edp = 1, pp = 1;
+  MeshDims dims;
   std::vector<ParamSharding> params;  // per parameter of the layout (ModelLayout order)
 
-  int world() const { return cp * dp; }
+  int world() const { return dims.world(); }
+  Mesh mesh() const { return Mesh(world(), dims); }
   bool zero1() const;   // some parameter has an owner
   bool sliced() const;  // some parameter is sliced
-  // The number of replicas of parameter p (cp × dp for dense parameters, edp for experts).
-  int group_size(int p) const { return params[size_t(p)].group == ReplicaGroup::World ? world() : edp; }
+  Axes replicas(int p) const { return params[size_t(p)].replicas; }
+  bool expert(int p) const { return replicas(p) == kExpertReplicas; }
+  // The number of replicas of parameter p (dp × cp for dense parameters, edp for experts).
+  int group_size(int p) const { return dims.size(replicas(p)); }
   // Slice: elements of each replica's slice of parameter p of `numel` elements.
   int64_t slice_numel(int p, int64_t numel) const { return mop::slice_numel(numel, group_size(p)); }
-  // `rank`'s index in parameter p's replica group (MoE folding: rank = edp · ep + ep_rank).
-  int replica_index(int rank, int p) const {
-    return params[size_t(p)].group == ReplicaGroup::World ? rank : rank / ep;
-  }
+  // `rank`'s index in parameter p's replica group.
+  int replica_index(int rank, int p) const { return mesh().index_in(replicas(p), rank); }
   // Whether `rank` keeps parameter p's optimizer state and updates it.
   bool owns(int rank, int p) const {
     const ParamSharding& s = params[size_t(p)];
@@ -56,11 +52,14 @@ struct ParallelSpec {
   }
 };
 
-// The spec of `layout` (a rank's: its experts) on a cp × dp = ep × edp mesh; slice: every
-// parameter sliced over its replicas (one replica: a single slice, the whole parameter); else zero: ZeRO-1 owners over each
-// parameter's replicas (largest parameter first onto the least-loaded replica, the same on every
-// rank), else every parameter replicated. Without slice, one rank is always replicated.
-ParallelSpec make_parallel_spec(const ModelLayout& layout, int cp, int dp, int ep, int edp, bool zero,
+// The ranks that hold copies of a parameter: kExpertReplicas for experts, else kDenseReplicas.
+Axes replica_axes(const ParamDef& def);
+
+// The spec of `layout` (a rank's: its experts) on a mesh of `dims`; slice: every parameter sliced
+// over its replicas (one replica: a single slice, the whole parameter); else zero: ZeRO-1 owners
+// over each parameter's replicas (largest parameter first onto the least-loaded replica, the same
+// on every rank), else every parameter replicated. Without slice, one rank is always replicated.
+ParallelSpec make_parallel_spec(const ModelLayout& layout, const MeshDims& dims, bool zero,
                                 bool slice = false);
 
 // The parameter store's slices of `rank` under a sliced spec (model/params.h): per parameter its

@@ -301,7 +301,7 @@ MemoryPlan Plan::memory_without(Technique t) const {
   Plan q = *this;
   switch (t) {
     case Technique::Slice: {
-      q.parallel = make_parallel_spec(local_layout(), cp, dp, ep, edp, cfg.parallel.zero, false);
+      q.parallel = make_parallel_spec(local_layout(), parallel.dims, cfg.parallel.zero, false);
       break;
     }
     case Technique::StreamGrads: q.stream_grads = false; break;
@@ -428,7 +428,9 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
   }
   ao.exchange_rows = exchange_rows(cfg.parallel.moe.exchange_budget,
                                    ao.chunk_tokens(int64_t(ao.max_batch) * ao.max_seq) * local_dims.top_k, ao.ep);
-  p.parallel = make_parallel_spec(local, p.cp, p.dp, p.ep, p.edp, par.zero, par.shard == "slice");
+  MeshDims mesh;
+  mesh.dp = p.dp, mesh.cp = p.cp, mesh.edp = p.edp, mesh.ep = p.ep;
+  p.parallel = make_parallel_spec(local, mesh, par.zero, par.shard == "slice");
   // On the CPU backend the gradients are in host memory already: streamed only when asked for
   // (optim.gradients: host), which runs the same schedule (the tests' way to check it).
   p.stream_grads = stream && (p.run.device != Device::CPU || cfg.optim.gradients == "host");
@@ -506,7 +508,7 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
     int64_t dense = 0, experts = 0;
     for (size_t q = 0; q < p.parallel.params.size(); ++q)
       if (p.parallel.params[q].kind == Sharding::Slice)
-        ++(p.parallel.params[q].group == ReplicaGroup::Edp ? experts : dense);
+        ++(p.parallel.expert(int(q)) ? experts : dense);
     p.notes.push_back("parameters sliced (parallel.shard: slice): " + std::to_string(dense) +
                       " dense over cp × dp = " + std::to_string(p.cp * p.dp) + ", " + std::to_string(experts) +
                       " expert tensors over dp " + std::to_string(p.edp) +

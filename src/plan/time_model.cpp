@@ -8,6 +8,7 @@
 
 #include "model/params.h"
 #include "model/tiled_attention.h"
+#include "parallel/mesh.h"
 #include "plan/op_bytes.h"
 #include "plan/plan.h"
 
@@ -44,12 +45,16 @@ struct Group {
 class Model {
  public:
   explicit Model(const Plan& p) : p_(p), d_(p.machine.device), l_(p.machine.link), st_() {
-    const int gpn = p.machine.gpus_per_node;
-    // Ranks are laid out node by node: cp and ep groups are consecutive ranks, dp/edp strided.
-    cp_group_ = {p.cp, std::min(p.cp, gpn)};
-    ep_group_ = {p.ep, std::min(p.ep, gpn)};
-    world_group_ = {p.world, std::min(p.world, gpn)};
-    edp_group_ = {p.edp, std::max(1, std::min(p.edp, gpn / std::max(1, p.ep)))};
+    // Ranks are laid out node by node (parallel/mesh.h): cp and ep groups are consecutive ranks,
+    // dp/edp strided. Priced as rank 0's groups.
+    const Mesh mesh = p.parallel.mesh();
+    auto group = [&](Axes axes) {
+      return Group{mesh.size(axes), mesh.on_node(axes, 0, p.machine.gpus_per_node)};
+    };
+    cp_group_ = group(Axes{Axis::Cp});
+    ep_group_ = group(Axes{Axis::Ep});
+    dense_group_ = group(kDenseReplicas);
+    edp_group_ = group(kExpertReplicas);
     c_ = double(dtype_size(p.run.compute));
   }
 
@@ -158,7 +163,10 @@ class Model {
   const DeviceSpec& d_;
   const LinkSpec& l_;
   StepTime st_;
-  Group cp_group_, ep_group_, world_group_, edp_group_;
+  Group cp_group_, ep_group_, dense_group_, edp_group_;
+  const Group& replicas(size_t q) const {
+    return p_.parallel.expert(int(q)) ? edp_group_ : dense_group_;
+  }
   double c_ = 2;
   double repeat_ = 1;  // micro-batches the ops being priced run for
   int component_ = 0;
@@ -488,8 +496,8 @@ void Model::optimizer() {
   if (p_.parallel.zero1()) {
     double dense = 0, expert = 0;
     for (size_t q = 0; q < local.params.size(); ++q)
-      (p_.parallel.params[q].group == ReplicaGroup::Edp ? expert : dense) += double(local.params[q].numel()) * c_;
-    exposed_comm(send_recv(dense, world_group_) + send_recv(expert, edp_group_) +
+      (p_.parallel.expert(int(q)) ? expert : dense) += double(local.params[q].numel()) * c_;
+    exposed_comm(send_recv(dense, dense_group_) + send_recv(expert, edp_group_) +
                  local.params.size() * l_.node_latency);
   }
 }
@@ -505,15 +513,16 @@ void Model::grad_sums(const std::vector<double>& segment_done, double backward_e
   std::vector<double> dense(size_t(segments), 0), expert(size_t(segments), 0);
   std::vector<double> dense_rs(size_t(segments), 0), expert_rs(size_t(segments), 0);
   for (size_t q = 0; q < local.params.size(); ++q) {
-    const bool edp = p_.parallel.params[q].group == ReplicaGroup::Edp;
+    const bool edp = p_.parallel.expert(int(q));
     auto& into = sliced(q) ? (edp ? expert_rs : dense_rs) : (edp ? expert : dense);
     into[size_t(param_segment(local, int(q)))] += double(local.params[q].numel()) * double(dtype_size(p_.run.grad));
   }
   double stream_free = 0, total = 0;
   // Backward finishes the segments from the last to the first.
   for (int s = segments - 1; s >= 0; --s) {
-    const double t = all_reduce(dense[size_t(s)], world_group_) + all_reduce(expert[size_t(s)], edp_group_) +
-                     reduce_scatter(dense_rs[size_t(s)], world_group_) +
+    const double t = all_reduce(dense[size_t(s)], dense_group_) +
+                     all_reduce(expert[size_t(s)], edp_group_) +
+                     reduce_scatter(dense_rs[size_t(s)], dense_group_) +
                      reduce_scatter(expert_rs[size_t(s)], edp_group_);
     total += t;
     stream_free = std::max(stream_free, segment_done[size_t(s)]) + t;
@@ -607,11 +616,12 @@ void Model::gathers(const std::vector<double>& fwd, const std::vector<double>& b
   std::vector<double> dense(size_t(segments), 0), expert(size_t(segments), 0);
   for (size_t q = 0; q < local.params.size(); ++q)
     if (sliced(q))
-      (p_.parallel.params[q].group == ReplicaGroup::Edp ? expert : dense)[size_t(param_segment(local, int(q)))] +=
+      (p_.parallel.expert(int(q)) ? expert : dense)[size_t(param_segment(local, int(q)))] +=
           double(aligned_numel(local.params[q].numel())) * c_;
   std::vector<double> g(size_t(segments), 0);
   for (int s = 0; s < segments; ++s)
-    g[size_t(s)] = all_gather(dense[size_t(s)], world_group_) + all_gather(expert[size_t(s)], edp_group_);
+    g[size_t(s)] =
+        all_gather(dense[size_t(s)], dense_group_) + all_gather(expert[size_t(s)], edp_group_);
   double total = 0, exposed = 0;
   for (int s = 0; s < segments; ++s) {
     total += g[size_t(s)];
@@ -644,7 +654,7 @@ void Model::grad_drain(const std::vector<double>& bwd) {
     const bool host = !p_.state_on_host.empty() && p_.state_on_host[q];
     double t = 0;
     if (sliced(q)) {
-      const Group grp = p_.parallel.params[q].group == ReplicaGroup::Edp ? edp_group_ : world_group_;
+      const Group& grp = replicas(q);
       t = reduce_scatter(bytes, grp) + (host ? double(p_.parallel.slice_numel(int(q), n)) * 4 / l_.d2h : 0);
     } else {
       t = bytes / l_.d2h;  // fp32 running sums (the last micro-batch's: bf16, converted first)

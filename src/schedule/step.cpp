@@ -2,6 +2,7 @@
 #include "schedule/step.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -99,16 +100,18 @@ void StepSchedule::wait_updates() {
 }
 
 void StepSchedule::reduce_segment(int segment) {
-  // Over each parameter's replicas: dense weights are on every rank, experts on the ranks that
-  // hold the same experts.
-  std::vector<Tensor> dense, expert;
+  // Each over its parameter's replicas (dense weights: every rank of the stage; experts: the ranks
+  // that hold the same experts), dense first, in parameter order within each.
+  std::map<Axes, std::vector<Tensor>> by_replicas;
   for (int p : segment_params_[size_t(segment)])
-    (plan_.parallel.params[size_t(p)].group == ReplicaGroup::Edp ? expert : dense).push_back(params_.grad(p));
-  reducer_->reduce(dense, expert);
+    by_replicas[plan_.parallel.replicas(p)].push_back(params_.grad(p));
+  for (Axes axes : {kDenseReplicas, kExpertReplicas})
+    if (auto it = by_replicas.find(axes); it != by_replicas.end())
+      reducer_->reduce(axes, it->second);
 }
 
 Comm& StepSchedule::replicas(int p) const {
-  return *(plan_.parallel.params[size_t(p)].group == ReplicaGroup::Edp ? groups_.edp_data : groups_.world_data);
+  return groups_.data(plan_.parallel.replicas(p));
 }
 
 void StepSchedule::gather(int group, bool async) {
@@ -116,8 +119,7 @@ void StepSchedule::gather(int group, bool async) {
   for (int p : params_.group_params(group)) {
     // One replica: the slice is used in place.
     if (params_.slice_count(p) == 1) continue;
-    const bool edp = plan_.parallel.params[size_t(p)].group == ReplicaGroup::Edp;
-    Comm* side = async ? (edp ? groups_.edp_gather : groups_.world_gather).get() : nullptr;
+    Comm* side = async ? groups_.side(CommKind::Gathers, plan_.parallel.replicas(p)) : nullptr;
     (side ? *side : replicas(p)).all_gather(params_.gathered_weight(p), params_.slice_weight(p));
   }
 }
@@ -226,8 +228,7 @@ LossTerms StepSchedule::gradients(const std::function<Batch(int)>& micro_batch, 
         for (int g = a.begin; g < a.end; ++g) gather(g, /*async=*/true);
         break;
       case ActionKind::JoinGathers:  // timed as communication (TimedComm): the compute stream's wait
-        for (Comm* c : {groups_.world_gather.get(), groups_.edp_gather.get()})
-          if (c) c->join();
+        groups_.join(CommKind::Gathers);
         break;
       case ActionKind::Release:
         for (int g = a.begin; g < a.end; ++g) params_.release_weights(g);
@@ -254,7 +255,7 @@ LossTerms StepSchedule::gradients(const std::function<Batch(int)>& micro_batch, 
           lt = model_.take_losses();
         }
         double sums[3] = {lt.ce_sum, lt.aux, lt.z};
-        groups_.world_host->all_reduce_host(sums, 3, Comm::Op::Sum);
+        groups_.world_host().all_reduce_host(sums, 3, Comm::Op::Sum);
         lt = {sums[0], sums[1], sums[2]};
         break;
       }
@@ -320,7 +321,7 @@ void StepSchedule::broadcast_weights() {
     for (int s = 0; s < num_segments(params_.layout().dims); ++s) pipeline_->weights_ready(s);
   for (int p = 0; p < params_.num_params(); ++p) {
     const ParamSharding& s = spec.params[size_t(p)];
-    (s.group == ReplicaGroup::Edp ? groups_.edp_data : groups_.world_data)->broadcast(params_.weight(p), s.owner);
+    groups_.data(s.replicas).broadcast(params_.weight(p), s.owner);
   }
 }
 

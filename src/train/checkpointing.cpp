@@ -9,6 +9,7 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/safetensors.h"
 #include "config/schema.h"
+#include "plan/parallel_spec.h"
 #include "runtime/bulk_copy.h"
 
 namespace mop {
@@ -103,7 +104,7 @@ std::vector<Tensor> host_state(const ParamStore& params, const Optimizer& optim,
     if (params.sliced() && params.slice_count(p) > 1) {
       const ParamDef& def = params.layout().params[p];
       MOP_CHECK(groups, "saving sliced parameters needs the parallel groups");
-      Comm& replicas = def.kind == ParamKind::Experts ? *groups->edp_host : *groups->world_host;
+      Comm& replicas = groups->host(replica_axes(def));
       HostFloats whole(size_t(t.numel() * params.slice_count(p)));
       replicas.all_gather(Tensor(whole.data(), DType::F32, {int64_t(whole.size())}), t);
       if (params.slice_index(p) != 0) {

@@ -143,21 +143,15 @@ void Trainer::build() {
   streams_ = std::make_unique<SideStreams>(plan_);
   groups_ = ParallelGroups::build(cfg_, world_, *ops_, streams_->comm_streams());
   if (world_.size > 1)  // tensor collectives count as communication in the step's time split
-    for (auto [c, label] : {std::pair{&groups_->world_data, "world"}, {&groups_->cp_data, "cp"},
-                            {&groups_->ep_data, "ep"}, {&groups_->edp_data, "edp"},
-                            {&groups_->world_grad, "gradient sums (world)"},
-                            {&groups_->edp_grad, "gradient sums (edp)"},
-                            {&groups_->ep_dispatch, "expert dispatch"},
-                            {&groups_->ep_combine, "expert combine"},
-                            {&groups_->cp_ring, "ring attention"},
-                            {&groups_->world_gather, "weight gathers (world)"},
-                            {&groups_->edp_gather, "weight gathers (edp)"}})
-      if (*c) *c = time_comm(std::move(*c), *timed_, label);
-  slicer_ = std::make_unique<SequenceSlicer>(int(cfg_.train.micro_batch_size),
-                                             int(cfg_.data.seq_len), plan_.cp, groups_->cp);
+    groups_->wrap_tensor_comms([&](std::unique_ptr<Comm> c, const std::string& label) {
+      return time_comm(std::move(c), *timed_, label);
+    });
+  slicer_ = std::make_unique<SequenceSlicer>(
+      int(cfg_.train.micro_batch_size), int(cfg_.data.seq_len), plan_.cp, groups_->coord(Axis::Cp));
 
   // 3. Layout (this rank's experts), parameters.
-  layout_ = ModelLayout::build(ModelDims::from(cfg_, groups_->ep, groups_->ep_size));
+  layout_ =
+      ModelLayout::build(ModelDims::from(cfg_, groups_->coord(Axis::Ep), groups_->size(Axis::Ep)));
   MemKind mem = plan_.run.device == Device::CUDA ? MemKind::Device : MemKind::Host;
   if (plan_.parallel.sliced()) {  // parallel.shard: slice
     params_ = std::make_unique<ParamStore>(layout_, plan_.run.compute, plan_.run.grad, mem,
@@ -178,8 +172,13 @@ void Trainer::build() {
   // 5. Activations, as planned, allocated once.
   TransformerOptions topt;
   topt.plan = plan_.activation_options;
-  topt.comms = {groups_->cp_data.get(), groups_->cp_ring.get(), groups_->ep_data.get(),
-                groups_->ep_host.get(), groups_->ep_dispatch.get(), groups_->ep_combine.get()};
+  const Axes cp{Axis::Cp}, ep{Axis::Ep};
+  topt.comms = {&groups_->data(cp),
+                groups_->side(CommKind::Ring, cp),
+                &groups_->data(ep),
+                &groups_->host(ep),
+                groups_->side(CommKind::Dispatch, ep),
+                groups_->side(CommKind::Combine, ep)};
   model_ = std::make_unique<Transformer>(layout_, *params_, *ops_, topt);
   model_->allocate();
   // The backend has now built its plans and workspaces for these shapes. Where they take more than
@@ -188,7 +187,7 @@ void Trainer::build() {
   // state goes where there is room. Nothing allocated so far changes.
   if (plan_.run.device != Device::CPU) {
     double extra = double(ops_->workspace_bytes()) - double(plan_.memory_of_rank(world_.rank).workspaces);
-    extra = groups_->world_host->all_reduce_host(extra, Comm::Op::Max);
+    extra = groups_->world_host().all_reduce_host(extra, Comm::Op::Max);
     if (extra > 0) {
       Machine m = plan_.machine;
       m.device.workspace_bytes += extra;
@@ -198,8 +197,8 @@ void Trainer::build() {
     }
   }
   // This rank's samples of a step, cut to its cp rank's tokens, on the host.
-  const BatchGeometry geometry{int(cfg_.train.micro_batch_size), plan_.local_seq, plan_.micro_batches,
-                               plan_.dp, groups_->dp};
+  const BatchGeometry geometry{int(cfg_.train.micro_batch_size), plan_.local_seq,
+                               plan_.micro_batches, plan_.dp, groups_->coord(Axis::Dp)};
   batches_ = std::make_unique<StepBatches>(
       *loader_, geometry,
       [this](const StepBatches::Read& read, int32_t* ids, int32_t* targets, int32_t* positions) {
@@ -214,13 +213,14 @@ void Trainer::build() {
     for (int p = 0; p < int(layout_.params.size()); ++p) owned.push_back(plan_.owns(world_.rank, p));
   optim_ = std::make_unique<Optimizer>(cfg_.optim, *params_, *ops_, plan_.state_on_host, owned);
   if (world_.size > 1 && plan_.parallel.sliced()) {  // every rank holds its slices: Σ over all
-    optim_->set_distributed(std::vector<bool>(layout_.params.size(), true), groups_->world_host,
-                            groups_->world_host);
+    optim_->set_distributed(std::vector<bool>(layout_.params.size(), true), &groups_->world_host(),
+                            &groups_->world_host());
   } else if (world_.size > 1) {
+    // Whole parameters: each ep rank holds its own experts, every rank the same dense ones.
     std::vector<bool> sharded;
     for (const ParamDef& p : layout_.params) sharded.push_back(p.kind == ParamKind::Experts);
-    optim_->set_distributed(std::move(sharded), groups_->ep_size > 1 ? groups_->ep_host.get() : nullptr,
-                            groups_->world_host);
+    Comm* experts = groups_->size(Axis::Ep) > 1 ? &groups_->host(Axes{Axis::Ep}) : nullptr;
+    optim_->set_distributed(std::move(sharded), experts, &groups_->world_host());
   }
 
   // 7. The step's schedule runs this rank's step program: gradient sums, host pipeline; with every
@@ -434,7 +434,7 @@ Batch Trainer::micro_batch(int m) {
 
 Trainer::StepLosses Trainer::compute_gradients() {
   const int64_t valid = batches_->fill_step(consumed_samples_);
-  step_valid_tokens_ = int64_t(groups_->world_host->all_reduce_host(double(valid), Comm::Op::Sum));
+  step_valid_tokens_ = int64_t(groups_->world_host().all_reduce_host(double(valid), Comm::Op::Sum));
   const float ce_scale = step_valid_tokens_ > 0 ? float(1.0 / double(step_valid_tokens_)) : 0.0f;
   if (step_valid_tokens_ == 0)
     spdlog::warn("step {}: every target of the step is masked; only the router losses train",
@@ -506,7 +506,7 @@ double Trainer::evaluate() {
     ce += model_->take_losses().ce_sum;
   }
   double sums[2] = {ce, valid};
-  groups_->world_host->all_reduce_host(sums, 2, Comm::Op::Sum);
+  groups_->world_host().all_reduce_host(sums, 2, Comm::Op::Sum);
   return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
@@ -547,7 +547,7 @@ void Trainer::save_router_histogram() {
   const std::vector<int64_t>& local = model_->routed_counts();
   std::vector<double> sums(local.begin(), local.end());
   sums.push_back(double(model_->routed_tokens()));
-  groups_->world_host->all_reduce_host(sums.data(), int(sums.size()), Comm::Op::Sum);
+  groups_->world_host().all_reduce_host(sums.data(), int(sums.size()), Comm::Op::Sum);
   RouterHistogram h;
   h.experts = layout_.dims.experts, h.top_k = layout_.dims.top_k;
   h.tokens = int64_t(sums.back());
@@ -558,7 +558,7 @@ void Trainer::save_router_histogram() {
 
 bool Trainer::stop_requested() {
   const double sig = double(pending_stop_signal());
-  stop_signal_ = int(groups_->world_host->all_reduce_host(sig, Comm::Op::Max));
+  stop_signal_ = int(groups_->world_host().all_reduce_host(sig, Comm::Op::Max));
   return stop_signal_ != 0;
 }
 

@@ -22,18 +22,20 @@ TEST_CASE("groups: built in-process for 4 ranks, cp 2 and ep 2", "[cpu]") {
   const Mesh mesh(4, d);
   auto world = make_inprocess_world(4);
   std::vector<std::unique_ptr<ParallelGroups>> groups(4);
-  // Per rank: the sums of the world ranks over its cp, ep and edp groups (host and data comms).
+  const Axes cp{Axis::Cp}, ep{Axis::Ep};
+  // Per rank: the sums of the world ranks over its world, cp, ep and edp groups (host and data
+  // comms); the dense replicas (dp × cp) are the world's comms with one stage.
   std::vector<std::vector<double>> sums(4);
   run_inprocess(4, [&](int rank) {
     auto ops = make_ops(Device::CPU);
     auto comms = make_inprocess_comm_factory(world, rank);
     auto g = ParallelGroups::build(mesh, *comms, 60, *ops);
     std::vector<double>& s = sums[size_t(rank)];
-    for (Comm* c : {g->world_host, g->cp_host.get(), g->ep_host.get(), g->edp_host.get()})
-      s.push_back(c->all_reduce_host(double(rank), Comm::Op::Sum));
-    for (Comm* c : {g->world_data.get(), g->cp_data.get(), g->ep_data.get(), g->edp_data.get()}) {
+    for (Axes axes : {kWorldAxes, cp, ep, kExpertReplicas})
+      s.push_back(g->host(axes).all_reduce_host(double(rank), Comm::Op::Sum));
+    for (Axes axes : {kWorldAxes, cp, ep, kExpertReplicas}) {
       float x = float(rank);
-      c->all_reduce_sum(Tensor(&x, DType::F32, {1}));
+      g->data(axes).all_reduce_sum(Tensor(&x, DType::F32, {1}));
       s.push_back(x);
     }
     groups[size_t(rank)] = std::move(g);
@@ -41,26 +43,31 @@ TEST_CASE("groups: built in-process for 4 ranks, cp 2 and ep 2", "[cpu]") {
   for (int r = 0; r < 4; ++r) {
     INFO("rank " << r);
     const ParallelGroups& g = *groups[size_t(r)];
-    CHECK((g.rank == r && g.size == 4));
-    CHECK((g.cp_size == 2 && g.dp_size == 2 && g.ep_size == 2 && g.edp_size == 2));
+    CHECK((g.rank() == r && g.size() == 4));
+    CHECK((g.size(Axis::Cp) == 2 && g.size(Axis::Dp) == 2 && g.size(Axis::Ep) == 2 &&
+           g.size(Axis::Edp) == 2));
     // rank = dp·2 + cp = edp·2 + ep
-    CHECK((g.cp == r % 2 && g.dp == r / 2 && g.ep == r % 2 && g.edp == r / 2));
-    CHECK((g.world_host->size() == 4 && g.world_host->rank() == r));
-    for (const Comm* c : {g.cp_host.get(), g.cp_data.get()})
-      CHECK((c->size() == 2 && c->rank() == g.cp));
-    for (const Comm* c : {g.ep_host.get(), g.ep_data.get()})
-      CHECK((c->size() == 2 && c->rank() == g.ep));
-    for (const Comm* c : {g.edp_host.get(), g.edp_data.get()})
-      CHECK((c->size() == 2 && c->rank() == g.edp));
-    CHECK((g.world_data->size() == 4 && g.world_data->rank() == r));
-    CHECK(g.cp_host->name() == "inprocess");
+    const int g_cp = g.coord(Axis::Cp), g_dp = g.coord(Axis::Dp), g_ep = g.coord(Axis::Ep),
+              g_edp = g.coord(Axis::Edp);
+    CHECK((g_cp == r % 2 && g_dp == r / 2 && g_ep == r % 2 && g_edp == r / 2));
+    CHECK((g.world_host().size() == 4 && g.world_host().rank() == r));
+    CHECK(&g.world_host() == &g.host(kWorldAxes));
+    CHECK(&g.data(kDenseReplicas) == &g.data(kWorldAxes));
+    for (const Comm* c : {&g.host(cp), &g.data(cp)}) CHECK((c->size() == 2 && c->rank() == g_cp));
+    for (const Comm* c : {&g.host(ep), &g.data(ep)}) CHECK((c->size() == 2 && c->rank() == g_ep));
+    for (const Comm* c : {&g.host(kExpertReplicas), &g.data(kExpertReplicas)})
+      CHECK((c->size() == 2 && c->rank() == g_edp));
+    CHECK((g.data(kWorldAxes).size() == 4 && g.data(kWorldAxes).rank() == r));
+    CHECK(g.host(cp).name() == "inprocess");
     // CPU ranks: no side comms; every comm watched.
-    CHECK((!g.world_grad && !g.edp_grad && !g.cp_ring && !g.ep_dispatch && !g.ep_combine));
+    for (CommKind k : {CommKind::GradSums, CommKind::Gathers, CommKind::Ring, CommKind::Dispatch,
+                       CommKind::Combine})
+      for (Axes axes : {kDenseReplicas, kExpertReplicas, cp, ep}) CHECK(!g.side(k, axes));
     REQUIRE(g.watchdog);
     CHECK(g.watchdog->num_collectives() == 8);
     // Members: cp {2·dp, 2·dp + 1}, ep {2·edp, 2·edp + 1}, edp {ep, ep + 2}.
-    const double world_sum = 6, cp_sum = 4 * g.dp + 1, ep_sum = 4 * g.edp + 1,
-                 edp_sum = 2 * g.ep + 2;
+    const double world_sum = 6, cp_sum = 4 * g_dp + 1, ep_sum = 4 * g_edp + 1,
+                 edp_sum = 2 * g_ep + 2;
     CHECK(sums[size_t(r)] == std::vector<double>{world_sum, cp_sum, ep_sum, edp_sum, world_sum,
                                                  cp_sum, ep_sum, edp_sum});
   }

@@ -24,9 +24,9 @@ std::vector<float> iota(int n, float from = 1) {
 TEST_CASE("stand-in comms: every call in its group's shapes, filled with this rank's data", "[cpu][emulate]") {
   auto job = std::make_shared<StandInJob>();
   job->rank = 5, job->size = 8;
-  const Mesh mesh(8, MeshDims{2, 4, 2, 4});
+  const Mesh mesh(8, MeshDims{1, 2, 4, 2, 4});
   auto f = make_standin_comm_factory(job);
-  std::unique_ptr<Comm> cp = f->data(mesh.group(GroupKind::Cp, 5), Device::CPU, Stream());
+  std::unique_ptr<Comm> cp = f->data(mesh.group(Axes{Axis::Cp}, 5), Device::CPU, Stream());
   REQUIRE(cp->size() == 4);
   REQUIRE(cp->rank() == 1);  // rank 5 = dp 1 · 4 + cp 1
 
@@ -35,10 +35,11 @@ TEST_CASE("stand-in comms: every call in its group's shapes, filled with this ra
   for (int i = 0; i < 12; ++i) CHECK(out[size_t(i)] == in[size_t(i % 3)]);
   // Groups of other sizes (the copies double what is filled: 1, 2, 4, … and the rest).
   for (int n : {1, 3, 5, 7, 96}) {
-    const Mesh m(n, MeshDims{n, 1, n, 1});
+    const Mesh m(n, MeshDims{1, n, 1, n, 1});
     auto job_n = std::make_shared<StandInJob>();
     job_n->rank = n - 1, job_n->size = n;
-    std::unique_ptr<Comm> dp = make_standin_comm_factory(job_n)->data(m.group(GroupKind::Dp, n - 1), Device::CPU, Stream());
+    std::unique_ptr<Comm> dp = make_standin_comm_factory(job_n)->data(
+        m.group(Axes{Axis::Dp}, n - 1), Device::CPU, Stream());
     REQUIRE(dp->size() == n);
     std::vector<float> got(size_t(3 * n), 0);
     dp->all_gather(Tensor(got.data(), DType::F32, {3 * n}), Tensor(in.data(), DType::F32, {3}));
@@ -72,7 +73,7 @@ TEST_CASE("stand-in comms: every call in its group's shapes, filled with this ra
   // Shapes are checked as a real comm's are.
   CHECK_THROWS(cp->all_gather(Tensor(out.data(), DType::F32, {11}), Tensor(in.data(), DType::F32, {3})));
   // A group this rank is not in.
-  CHECK_THROWS(f->host(mesh.group(GroupKind::Cp, 0)));
+  CHECK_THROWS(f->host(mesh.group(Axes{Axis::Cp}, 0)));
 }
 
 TEST_CASE("stand-in expert counts: this rank's own, every other rank's from the routing model",
@@ -82,10 +83,10 @@ TEST_CASE("stand-in expert counts: this rank's own, every other rank's from the 
   auto job = std::make_shared<StandInJob>();
   job->rank = 1, job->size = 4;
   job->expert_counts = [&](int layer, int, int64_t rows, int64_t, int32_t* out) { zipf.counts(layer, rows / K, out); };
-  const Mesh mesh(4, MeshDims{4, 1, 1, 4});
+  const Mesh mesh(4, MeshDims{1, 4, 1, 1, 4});
   auto f = make_standin_comm_factory(job);
-  std::unique_ptr<Comm> host = f->host(mesh.group(GroupKind::Ep, 1));
-  std::unique_ptr<Comm> data = f->data(mesh.group(GroupKind::Ep, 1), Device::CPU, Stream());
+  std::unique_ptr<Comm> host = f->host(mesh.group(Axes{Axis::Ep}, 1));
+  std::unique_ptr<Comm> data = f->data(mesh.group(Axes{Axis::Ep}, 1), Device::CPU, Stream());
 
   std::vector<int32_t> mine = {10, 10, 10, 10, 10, 10, 10, 10}, all(32, -1), want(8);
   host->all_gather_expert_counts(Tensor(all.data(), DType::I32, {32}), Tensor(mine.data(), DType::I32, {8}), 0);

@@ -1,4 +1,4 @@
-// The parallel spec: each parameter's replica group, and ZeRO-1 owners — exactly one owner per copy
+// The parallel spec: each parameter's replica axes, and ZeRO-1 owners — exactly one owner per copy
 // of every parameter (dense: one rank of the world; experts: one rank of each edp group), the
 // loads balanced to within the largest parameter, and no owners without ZeRO or on one rank.
 #include <algorithm>
@@ -20,6 +20,12 @@ data: {eos_id: 63}
   return ModelLayout::build(ModelDims::from(cfg, 0, ep));
 }
 
+MeshDims dims(int cp, int dp, int ep, int edp) {
+  MeshDims d;
+  d.cp = cp, d.dp = dp, d.ep = ep, d.edp = edp;
+  return d;
+}
+
 }  // namespace
 
 TEST_CASE("parallel spec: ZeRO-1 gives each copy of a parameter one owner, loads balanced",
@@ -30,7 +36,8 @@ TEST_CASE("parallel spec: ZeRO-1 gives each copy of a parameter one owner, loads
   for (const Mesh m : {Mesh{1, 4, 4, 1}, Mesh{2, 2, 2, 2}, Mesh{1, 4, 1, 4}, Mesh{4, 2, 2, 4}}) {
     INFO("cp " << m.cp << " dp " << m.dp << " ep " << m.ep << " edp " << m.edp);
     const ModelLayout layout = tiny_layout(m.ep);
-    const ParallelSpec spec = make_parallel_spec(layout, m.cp, m.dp, m.ep, m.edp, /*zero=*/true);
+    const ParallelSpec spec =
+        make_parallel_spec(layout, dims(m.cp, m.dp, m.ep, m.edp), /*zero=*/true);
     const int world = spec.world();
     REQUIRE(world == m.ep * m.edp);
     CHECK(spec.zero1());
@@ -38,7 +45,8 @@ TEST_CASE("parallel spec: ZeRO-1 gives each copy of a parameter one owner, loads
     int64_t largest = 0;
     for (int p = 0; p < int(layout.params.size()); ++p) {
       const bool expert = layout.params[p].kind == ParamKind::Experts;
-      CHECK((spec.params[size_t(p)].group == ReplicaGroup::Edp) == expert);
+      CHECK((spec.params[size_t(p)].replicas == kExpertReplicas) == expert);
+      CHECK((spec.params[size_t(p)].replicas == kDenseReplicas) == !expert);
       int owners = 0;
       for (int r = 0; r < world; ++r)
         if (spec.owns(r, p)) ++owners, load[size_t(r)] += layout.params[p].numel();
@@ -53,10 +61,10 @@ TEST_CASE("parallel spec: ZeRO-1 gives each copy of a parameter one owner, loads
 
 TEST_CASE("parallel spec: without ZeRO, or on one rank, every rank owns every parameter", "[cpu][plan]") {
   const ModelLayout layout = tiny_layout(2);
-  const ParallelSpec off = make_parallel_spec(layout, 2, 2, 2, 2, /*zero=*/false);
+  const ParallelSpec off = make_parallel_spec(layout, dims(2, 2, 2, 2), /*zero=*/false);
   CHECK(!off.zero1());
   const ModelLayout whole = tiny_layout(1);
-  const ParallelSpec one = make_parallel_spec(whole, 1, 1, 1, 1, /*zero=*/true);
+  const ParallelSpec one = make_parallel_spec(whole, dims(1, 1, 1, 1), /*zero=*/true);
   CHECK(!one.zero1());
   for (int p = 0; p < int(layout.params.size()); ++p)
     for (int r = 0; r < 4; ++r) CHECK(off.owns(r, p));
