@@ -120,12 +120,15 @@ MeshGroup Mesh::group(Axes axes, int rank) const {
   // The members' coordinates along `axes`, outermost first: ascending world rank.
   const int n = dims_.size(axes);
   for (int i = 0; i < n; ++i) {
-    MeshCoord c = me;
-    int rest = i;
-    for (int k = 2; k >= 0; --k)
-      if (axes.has(f[size_t(k)]))
-        c[f[size_t(k)]] = rest % dims_.size(f[size_t(k)]), rest /= dims_.size(f[size_t(k)]);
-    g.ranks.push_back(rank_of(c, f[1]));
+    // Member i's coordinates: i in the mixed radix of the axes' sizes, the others rank's.
+    int member = 0, rest = i, stride = 1;
+    for (int k = 2; k >= 0; --k) {
+      const Axis a = f[size_t(k)];
+      const int size = dims_.size(a), at = axes.has(a) ? rest % size : me[a];
+      if (axes.has(a)) rest /= size;
+      member += at * stride, stride *= size;
+    }
+    g.ranks.push_back(member);
   }
   g.index = index_in(axes, rank);
   return g;
