@@ -11,6 +11,8 @@
 #include "parallel/mesh.h"
 #include "plan/op_bytes.h"
 #include "plan/plan.h"
+#include "plan/program.h"
+#include "plan/step_walk.h"
 
 namespace mop {
 
@@ -62,12 +64,15 @@ class Model {
 
  private:
   // ---- pricing -------------------------------------------------------------------------------
-  void charge(OpCategory cat, double seconds) {
+  // Adds `seconds` of `cat` (scaled by its in-step factor) to the step, `repeat_` times; returns
+  // the scaled seconds of one.
+  double charge(OpCategory cat, double seconds) {
     if (cat != OpCategory::Communication) seconds *= d_.in_step[size_t(cat)];
     st_.seconds[size_t(cat)] += seconds * repeat_;
     ComponentTime& c = st_.components[size_t(component_)];
     (phase_ == Phase::Forward ? c.forward : phase_ == Phase::Backward ? c.backward : c.recompute) +=
         seconds * repeat_;
+    return seconds;
   }
   void flop(double f) { st_.components[size_t(component_)].flops += f * repeat_; }
   void gemm(double m, double n, double k, Pass pass, double slowdown = 1) {
@@ -147,16 +152,13 @@ class Model {
   void experts_fwd_chunks(double T);
   void ffn(double T, double F, bool backward);
   void ffn_gate_up(double T, double F);  // a chunked FFN's backward recomputes gate/up and SwiGLU
-  void offload(const std::vector<double>& fwd, const std::vector<double>& bwd, double T);
+  void offload(std::vector<double>& fwd, std::vector<double>& bwd, double T);
   void experts(double T, bool backward);
   double chunk(double T) const { return double(p_.activation_options.chunk_tokens(int64_t(T))); }
   bool chunked(double T) const { return chunk(T) < T; }
-  void optimizer();
-  void grad_sums(const std::vector<double>& segment_backward_end, double backward_end);
-  void gathers(const std::vector<double>& fwd, const std::vector<double>& bwd);
-  void grad_drain(const std::vector<double>& bwd);
+  void optimizer(const StepProgram& program, WalkCosts& w);
+  void action_costs(WalkCosts& w);
   bool sliced(size_t q) const { return p_.parallel.params[q].kind == Sharding::Slice; }
-  void host_update(const std::vector<double>& fwd_segment, double step_compute_before_copy);
   void set(int component, Phase phase) { component_ = component, phase_ = phase; }
 
   const Plan& p_;
@@ -275,7 +277,7 @@ void Model::ffn_gate_up(double T, double F) {
 // out while layers j and j+1 run forward (its stage is rewritten by x_{j+2}), and come back while
 // the layer after it runs backward (layer j+1's, or the LM head's for the last layer); a copy
 // longer than its window is exposed.
-void Model::offload(const std::vector<double>& fwd, const std::vector<double>& bwd, double T) {
+void Model::offload(std::vector<double>& fwd, std::vector<double>& bwd, double T) {
   const ActivationOptions& o = p_.activation_options;
   if (o.host_layers == 0 || p_.run.device == Device::CPU) return;
   const ModelDims& d = p_.dims;
@@ -286,13 +288,19 @@ void Model::offload(const std::vector<double>& fwd, const std::vector<double>& b
     const double kept = j < o.keep_attention ? T : double(o.keep_attention_tail * o.attention_tile);
     bytes += kept * (double(d.q_width()) * c_ + double(d.heads) * 4);
     const double out = bytes / l_.d2h, in = bytes / l_.h2d;
+    const size_t out_end = size_t(j + 2 <= L ? j + 2 : j + 1),
+                 in_seg = size_t(j + 1 < L ? j + 2 : L + 1);
     const double out_window = fwd[size_t(j + 1)] + (j + 2 <= L ? fwd[size_t(j + 2)] : 0);
-    const double in_window = j + 1 < L ? bwd[size_t(j + 2)] : bwd[size_t(L + 1)];
+    const double in_window = bwd[in_seg];
     total += out + in;
-    exposed += std::max(0.0, out - out_window) + std::max(0.0, in - in_window);
+    // What a copy takes past its window holds up the segment that ends the window.
+    set(kAttention, Phase::Backward);
+    const double late_out = std::max(0.0, out - out_window),
+                 late_in = std::max(0.0, in - in_window);
+    fwd[out_end] += charge(OpCategory::Other, late_out);
+    bwd[in_seg] += charge(OpCategory::Other, late_in);
+    exposed += late_out + late_in;
   }
-  set(kAttention, Phase::Backward);
-  charge(OpCategory::Other, exposed);
   st_.offload_copies += total * repeat_;
   st_.offload_exposed += exposed * repeat_;
 }
@@ -472,210 +480,125 @@ void Model::layer_bwd(int l, double T) {
   norm(T, H, true);
 }
 
-void Model::optimizer() {
+// The optimizer's device work: Σg² per parameter (a segment's early where the program takes its
+// norms at grad-norms), the norms to the host, AdamW (+ the cast) on the device-held state —
+// master, m, v read and written, the gradient read, the compute weights written — per segment
+// where the program updates segment by segment (device-update); ZeRO's broadcasts of every weight
+// from its owner, on the compute stream.
+void Model::optimizer(const StepProgram& program, WalkCosts& w) {
   set(kOptimizer, Phase::Backward);
   const ModelLayout& local = p_.local_layout();
-  const int rank = p_.memory_rank;
-  double grad_bytes = 0, native = 0;
-  int launches = 0;
+  const int rank = p_.memory_rank, segments = num_segments(p_.dims);
+  std::vector<double> norm_bytes(size_t(segments), 0), native(size_t(segments), 0);
+  std::vector<int> norm_params(size_t(segments), 0), launches(size_t(segments), 0);
   for (size_t q = 0; q < local.params.size(); ++q) {
     const int64_t n = local.params[q].numel();
+    const size_t seg = size_t(param_segment(local, int(q)));
     // A sliced parameter's norm and update run on its slice.
     const double k = sliced(q) ? double(p_.parallel.slice_numel(int(q), n)) : double(n);
-    grad_bytes += k * double(dtype_size(p_.run.grad));
+    norm_bytes[seg] += k * double(dtype_size(p_.run.grad)), ++norm_params[seg];
     const bool host = !p_.state_on_host.empty() && p_.state_on_host[q];
-    if (p_.owns(rank, int(q)) && !host) native += k, ++launches;
+    if (p_.owns(rank, int(q)) && !host) native[seg] += k, ++launches[seg];
   }
-  // Σg² per parameter, the norms to the host, AdamW (+ the cast) on the device-held state:
-  // master, m, v read and written, the gradient read, the compute weights written.
-  charge(OpCategory::Optimizer, grad_bytes / d_.reduce_bw + local.params.size() * d_.launch_seconds +
-                                    d_.sync_seconds);
-  charge(OpCategory::Optimizer, op_bytes::adamw(native, double(dtype_size(p_.run.grad)), c_) / d_.adamw_bw +
-                                    launches * d_.launch_seconds);
-  // ZeRO: every weight from its owner, on the compute stream.
+  std::vector<bool> early(size_t(segments), false), per_segment(size_t(segments), false);
+  for (const Action& a : program.gradients)
+    if (a.kind == ActionKind::GradNorms) early[size_t(a.begin)] = true;
+  for (const Action& a : program.apply)
+    if (a.kind == ActionKind::DeviceUpdate) per_segment[size_t(a.begin)] = true;
+  w.norms.assign(size_t(segments), 0), w.device_update.assign(size_t(segments), 0);
+  double rest = 0;
+  for (int s = 0; s < segments; ++s) {
+    const double norm =
+        norm_bytes[size_t(s)] / d_.reduce_bw + norm_params[size_t(s)] * d_.launch_seconds;
+    const double adamw =
+        op_bytes::adamw(native[size_t(s)], double(dtype_size(p_.run.grad)), c_) / d_.adamw_bw +
+        launches[size_t(s)] * d_.launch_seconds;
+    (early[size_t(s)] ? w.norms[size_t(s)] : rest) += charge(OpCategory::Optimizer, norm);
+    (per_segment[size_t(s)] ? w.device_update[size_t(s)] : rest) +=
+        charge(OpCategory::Optimizer, adamw);
+  }
+  w.optimizer = rest + charge(OpCategory::Optimizer, d_.sync_seconds);
   if (p_.parallel.zero1()) {
     double dense = 0, expert = 0;
     for (size_t q = 0; q < local.params.size(); ++q)
       (p_.parallel.expert(int(q)) ? expert : dense) += double(local.params[q].numel()) * c_;
-    exposed_comm(send_recv(dense, dense_group_) + send_recv(expert, edp_group_) +
-                 local.params.size() * l_.node_latency);
+    w.broadcast = send_recv(dense, dense_group_) + send_recv(expert, edp_group_) +
+                  local.params.size() * l_.node_latency;
+    exposed_comm(w.broadcast);
   }
 }
 
-// The data-parallel gradient sums, segment by segment on their own stream from when the last
-// micro-batch's backward finishes the segment; what runs past the end of backward is exposed.
-void Model::grad_sums(const std::vector<double>& segment_done, double backward_end) {
-  if (p_.world == 1) return;
-  set(kGradSums, Phase::Backward);
+// The collectives and copies of the program's actions: per segment its gradients' sums (whole
+// parameters) and copies to the host, per gather group (a segment's parameters; with a tied
+// embedding, group S its own) its gathers and reduce-scatters (sliced parameters).
+void Model::action_costs(WalkCosts& w) {
   const ModelLayout& local = p_.local_layout();
   const int segments = num_segments(p_.dims);
-  // Per segment: all-reduced (whole) and reduce-scattered (sliced) bytes, dense and experts.
-  std::vector<double> dense(size_t(segments), 0), expert(size_t(segments), 0);
-  std::vector<double> dense_rs(size_t(segments), 0), expert_rs(size_t(segments), 0);
-  for (size_t q = 0; q < local.params.size(); ++q) {
-    const bool edp = p_.parallel.expert(int(q));
-    auto& into = sliced(q) ? (edp ? expert_rs : dense_rs) : (edp ? expert : dense);
-    into[size_t(param_segment(local, int(q)))] += double(local.params[q].numel()) * double(dtype_size(p_.run.grad));
-  }
-  double stream_free = 0, total = 0;
-  // Backward finishes the segments from the last to the first.
-  for (int s = segments - 1; s >= 0; --s) {
-    const double t = all_reduce(dense[size_t(s)], dense_group_) +
-                     all_reduce(expert[size_t(s)], edp_group_) +
-                     reduce_scatter(dense_rs[size_t(s)], dense_group_) +
-                     reduce_scatter(expert_rs[size_t(s)], edp_group_);
-    total += t;
-    stream_free = std::max(stream_free, segment_done[size_t(s)]) + t;
-  }
-  const bool overlap = p_.cfg.parallel.overlap_grad_reduce && p_.run.device != Device::CPU;
-  overlapped_comm(total, overlap ? std::max(0.0, stream_free - backward_end) : total);
-}
-
-// Host-updated state. Gradients go to the host during the last backward (copy stream); the update
-// starts once the step's clip scale is known, parameter by parameter in forward order; the next
-// forward of a segment waits for its weights (upload in pieces behind the update).
-void Model::host_update(const std::vector<double>& fwd_segment, double until_grad_copy) {
-  if (p_.host_params == 0) return;
-  const HostSpec& h = p_.machine.host;
-  const ModelLayout& local = p_.local_layout();
-  const int segments = num_segments(p_.dims);
-  // Per segment: the state elements updated on the host, and the gradient bytes that reach the
-  // host after the last micro-batch's backward (bf16 once final; fp32 streamed or sliced).
-  std::vector<double> n(size_t(segments), 0), last_copy(size_t(segments), 0);
-  double total = 0, copied = 0;
+  const bool tied = local.lm_head == local.embedding, device = p_.run.device != Device::CPU;
+  const double g = double(dtype_size(p_.run.grad));
+  w.reduce.assign(size_t(segments), 0), w.stash.assign(size_t(segments), 0);
+  w.fetch.assign(size_t(segments + 1), 0), w.to_host.assign(size_t(segments), 0);
+  w.gather.assign(size_t(segments + 1), 0), w.reduce_scatter.assign(size_t(segments + 1), 0);
+  HostUpdateCosts& h = w.host;
+  h.elements.assign(size_t(segments), 0);
+  double to_host = 0, to_device = 0;
   const int m = p_.micro_batches;
+  // Bytes per segment or group and replica group (dense, experts): each priced as one collective.
+  std::vector<std::array<double, 2>> gather(size_t(segments + 1), {0, 0}), scatter = gather,
+                                                                           sums = gather;
   for (size_t q = 0; q < local.params.size(); ++q) {
-    if (p_.state_on_host.empty() || !p_.state_on_host[q]) continue;
-    const int64_t numel = local.params[q].numel();
-    if (!p_.owns(p_.memory_rank, int(q))) continue;
-    const double k = double(sliced(q) ? p_.parallel.slice_numel(int(q), numel) : numel);
-    const size_t s = size_t(param_segment(local, int(q)));
-    n[s] += k, total += k;
-    const double bytes = sliced(q) ? 4 * k : 2 * double(numel);
-    last_copy[s] += bytes;
-    copied += bytes;
+    const int64_t n = local.params[q].numel();
+    const int seg = param_segment(local, int(q)),
+              group = tied && int(q) == local.embedding ? segments : seg;
+    const size_t e = p_.parallel.expert(int(q)) ? 1 : 0;
+    const bool host = !p_.state_on_host.empty() && p_.state_on_host[q],
+               owned = p_.owns(p_.memory_rank, int(q));
+    const double k = sliced(q) ? double(p_.parallel.slice_numel(int(q), n)) : double(n);
+    if (sliced(q)) {
+      gather[size_t(group)][e] += double(aligned_numel(n)) * c_;
+      scatter[size_t(group)][e] += double(n) * g;
+    } else {
+      sums[size_t(seg)][e] += double(n) * g;
+    }
+    // Streamed: the fp32 running sums out after each micro-batch but the last, back before the
+    // next.
+    if (!sliced(q) && p_.grads_in_flight(int(q)) && device) {
+      w.stash[size_t(seg)] += double(n) * g / l_.d2h;
+      w.fetch[size_t(group)] += double(n) * g / l_.h2d;
+      to_host += double(n) * g * (m - 1);
+    }
+    if (!host || !owned) continue;
+    // The host update: the gradients reach the host once final (bf16; fp32 slices), the new
+    // weights come back (bf16).
+    h.elements[size_t(seg)] += k;
+    const double bytes = sliced(q) ? 4 * k : 2 * double(n);
+    if (device) w.to_host[size_t(seg)] += bytes / l_.d2h;
+    to_host += bytes, to_device += 2 * k;
   }
-  // Streamed with several micro-batches: every earlier micro-batch's running sums (fp32) too.
-  for (size_t q = 0; q < local.params.size(); ++q)
-    if (!sliced(q) && p_.grads_in_flight(int(q))) copied += 4.0 * double(local.params[q].numel()) * (m - 1);
-  const bool device = p_.run.device != Device::CPU;
-  st_.grad_to_host = device ? copied / l_.d2h : 0;
-  st_.weights_to_device = device ? total * 2 / l_.h2d : 0;
+  for (int i = 0; i <= segments; ++i) {
+    w.gather[size_t(i)] = all_gather(gather[size_t(i)][0], dense_group_) +
+                          all_gather(gather[size_t(i)][1], edp_group_);
+    w.reduce_scatter[size_t(i)] = reduce_scatter(scatter[size_t(i)][0], dense_group_) +
+                                  reduce_scatter(scatter[size_t(i)][1], edp_group_);
+    if (i < segments)
+      w.reduce[size_t(i)] =
+          all_reduce(sums[size_t(i)][0], dense_group_) + all_reduce(sums[size_t(i)][1], edp_group_);
+  }
+  st_.grad_to_host = device ? to_host / l_.d2h : 0;
+  st_.weights_to_device = device ? to_device / l_.h2d : 0;
   // Host memory is shared with the pinned copies: calibrate measured the engine's rate beside
   // copies running both ways at full speed (adamw_under_copies); the update's own uploads (2 bytes
   // per parameter it writes) take that share of the links, and slow it in proportion.
+  const HostSpec& hs = p_.machine.host;
   auto slowed = [&](double rate) {
     if (!device || l_.both <= 0) return rate;
     const double share = std::min(1.0, 2.0 * rate / l_.both);
-    return rate * (1.0 - (1.0 - h.adamw_under_copies) * share);
+    return rate * (1.0 - (1.0 - hs.adamw_under_copies) * share);
   };
-  // Exposed time of an update whose weights come at `rate` parameters/s: the next forward's first
-  // micro-batch runs segment s once its weights are there.
-  auto exposed = [&](double rate) {
-    // The embedding's gradient is the last to reach the host, and the first to be updated.
-    double ready = device ? last_copy[0] / l_.d2h : 0;
-    double clock = 0, waited = 0;
-    for (int s = 0; s < segments; ++s) {
-      ready += n[size_t(s)] / rate;
-      if (n[size_t(s)] > 0 && ready > clock) waited += ready - clock, clock = ready;
-      clock += fwd_segment[size_t(s)];
-    }
-    return waited;
-  };
-  const double r_one = slowed(h.adamw_one_pass), r_weights = slowed(h.adamw_weights_pass);
-  const double r_state = h.adamw_state_pass;  // writes no weights: no uploads beside it
-  const double one = exposed(r_one);
-  const double weights = exposed(r_weights);
-  // Two passes: the state pass follows the weights passes; the next step's first gradient copy
-  // (the head's, in its last micro-batch's backward) waits for it.
-  const double state_end = total / r_weights + total / r_state;
-  const double gate = std::max(0.0, state_end - weights - until_grad_copy);
-  st_.host_two_pass = p_.cfg.optim.overlap && weights + gate < one;
-  if (!p_.cfg.optim.overlap) {
-    st_.host_update = total / h.adamw_one_pass;
-    st_.host_exposed = st_.host_update + (device ? last_copy[0] / l_.d2h : 0);
-  } else if (st_.host_two_pass) {
-    st_.host_update = total / r_weights;
-    st_.host_state = total / r_state;
-    st_.host_exposed = weights + gate;
-  } else {
-    st_.host_update = total / r_one;
-    st_.host_exposed = one;
-  }
-}
-
-// Sliced parameters: each segment's weights gathered before its forward and again before its
-// backward (the last two segments' stay from their forward), per micro-batch, on the gathers'
-// stream one segment ahead (plan/program.cpp): a gather hides behind the compute of the segment
-// before it (in the backward, the one after it), but for the first segment's in each forward.
-constexpr bool kPrefetch = true;
-void Model::gathers(const std::vector<double>& fwd, const std::vector<double>& bwd) {
-  if (!p_.parallel.sliced()) return;
-  const ModelLayout& local = p_.local_layout();
-  const int segments = num_segments(p_.dims);
-  std::vector<double> dense(size_t(segments), 0), expert(size_t(segments), 0);
-  for (size_t q = 0; q < local.params.size(); ++q)
-    if (sliced(q))
-      (p_.parallel.expert(int(q)) ? expert : dense)[size_t(param_segment(local, int(q)))] +=
-          double(aligned_numel(local.params[q].numel())) * c_;
-  std::vector<double> g(size_t(segments), 0);
-  for (int s = 0; s < segments; ++s)
-    g[size_t(s)] =
-        all_gather(dense[size_t(s)], dense_group_) + all_gather(expert[size_t(s)], edp_group_);
-  double total = 0, exposed = 0;
-  for (int s = 0; s < segments; ++s) {
-    total += g[size_t(s)];
-    exposed += !kPrefetch || s == 0 ? g[size_t(s)] : std::max(0.0, g[size_t(s)] - fwd[size_t(s - 1)]);
-  }
-  set(kGathers, Phase::Forward);
-  overlapped_comm(total, exposed);
-  total = exposed = 0;
-  for (int s = segments - 3; s >= 0; --s) {
-    total += g[size_t(s)];
-    exposed += !kPrefetch ? g[size_t(s)] : std::max(0.0, g[size_t(s)] - bwd[size_t(s + 1)]);
-  }
-  set(kGathers, Phase::Backward);
-  overlapped_comm(total, exposed);
-}
-
-// Gradients in flight (sliced with one micro-batch, or streamed to the host): the backward of a
-// segment that needs a buffer waits for the buffer of the in-flight segment two before it to
-// drain — its reduce-scatter, then its copy to the host — on the side streams, per micro-batch.
-void Model::grad_drain(const std::vector<double>& bwd) {
-  const ModelLayout& local = p_.local_layout();
-  const int segments = num_segments(p_.dims);
-  std::vector<double> drain(size_t(segments), 0);
-  bool any = false;
-  for (size_t q = 0; q < local.params.size(); ++q) {
-    if (!p_.grads_in_flight(int(q))) continue;
-    any = true;
-    const int64_t n = local.params[q].numel();
-    const double bytes = double(n) * double(dtype_size(p_.run.grad));
-    const bool host = !p_.state_on_host.empty() && p_.state_on_host[q];
-    double t = 0;
-    if (sliced(q)) {
-      const Group& grp = replicas(q);
-      t = reduce_scatter(bytes, grp) + (host ? double(p_.parallel.slice_numel(int(q), n)) * 4 / l_.d2h : 0);
-    } else {
-      t = bytes / l_.d2h;  // fp32 running sums (the last micro-batch's: bf16, converted first)
-    }
-    drain[size_t(param_segment(local, int(q)))] += t;
-  }
-  if (!any) return;
-  double clock = 0, stall = 0, side = 0;
-  std::vector<double> drained;  // in-flight segments in backward order: when each buffer is free
-  for (int s = segments - 1; s >= 0; --s) {
-    const bool uses = drain[size_t(s)] > 0;
-    if (uses && drained.size() >= 2 && drained[drained.size() - 2] > clock) {
-      stall += drained[drained.size() - 2] - clock;
-      clock = drained[drained.size() - 2];
-    }
-    clock += bwd[size_t(s)];
-    if (uses) drained.push_back(side = std::max(side, clock) + drain[size_t(s)]);
-  }
-  set(kGradSums, Phase::Backward);
-  charge(OpCategory::Communication, stall);
-  st_.grad_drain_exposed += stall * repeat_;
+  h.overlap = p_.cfg.optim.overlap;
+  h.rate_one = h.overlap ? slowed(hs.adamw_one_pass) : hs.adamw_one_pass;
+  h.rate_weights = slowed(hs.adamw_weights_pass);
+  h.rate_state = hs.adamw_state_pass;  // writes no weights: no uploads beside it
 }
 
 StepTime Model::run() {
@@ -689,7 +612,9 @@ StepTime Model::run() {
 
   // One micro-batch, segment by segment, forward then backward (priced once, counted m times).
   repeat_ = m;
-  std::vector<double> fwd(size_t(segments), 0), bwd(size_t(segments), 0);
+  WalkCosts w;
+  std::vector<double>&fwd = w.forward, &bwd = w.backward;
+  fwd.assign(size_t(segments), 0), bwd.assign(size_t(segments), 0);
   auto timed = [&](double& into, auto&& fn) {
     const double before = st_.compute() + st_.seconds[size_t(OpCategory::Communication)];
     fn();
@@ -733,46 +658,28 @@ StepTime Model::run() {
     mem(OpCategory::Other, op_bytes::embedding(T, H, c_, true), d_.embedding_bw);
   });
   offload(fwd, bwd, T);
-  gathers(fwd, bwd);
-  {
-    // Sliced gradients are in flight in the one micro-batch's backward; streamed ones in every one.
-    const double keep = repeat_;
-    bool streamed = false;
-    for (size_t q = 0; q < p_.parallel.params.size(); ++q) streamed |= !sliced(q) && p_.grads_in_flight(int(q));
-    repeat_ = streamed ? m : 1;
-    grad_drain(bwd);
-    repeat_ = keep;
-    if (streamed && m > 1 && p_.run.device != Device::CPU) {
-      // The running sums come back before each later micro-batch's backward of their segment,
-      // on the compute stream: exposed.
-      double up = 0;
-      for (size_t q = 0; q < p_.parallel.params.size(); ++q)
-        if (!sliced(q) && p_.grads_in_flight(int(q))) up += 4.0 * double(p_.local_layout().params[q].numel());
-      repeat_ = 1;
-      set(kGradSums, Phase::Backward);
-      charge(OpCategory::Other, up * (m - 1) / l_.h2d);
-      repeat_ = keep;
-    }
-  }
 
-  // Once per step: zero the gradients, read the losses, the optimizer.
+  // Once per step: zero the gradients the device keeps, read the losses; the optimizer.
   repeat_ = 1;
   set(kOptimizer, Phase::Backward);
-  mem(OpCategory::Other, double(p_.memory.grads), d_.copy_bw);  // the gradients the device keeps
-  sync();
+  w.zero_grads =
+      charge(OpCategory::Other, double(p_.memory.grads) / d_.copy_bw + d_.launch_seconds);
+  w.read_losses = charge(OpCategory::Other, d_.sync_seconds);
+  const StepProgram program = make_step_program(p_, p_.memory_rank);
+  optimizer(program, w);
+  action_costs(w);
 
-  double fwd_mb = 0, bwd_mb = 0;
-  for (int s = 0; s < segments; ++s) fwd_mb += fwd[size_t(s)], bwd_mb += bwd[size_t(s)];
-  // The last micro-batch's backward: when each segment's gradients are final (from its start).
-  std::vector<double> done(size_t(segments), 0);
-  double clock = 0;
-  for (int s = segments - 1; s >= 0; --s) done[size_t(s)] = (clock += bwd[size_t(s)]);
-  grad_sums(done, clock);
-  optimizer();
-
-  // The whole step: compute and exposed communication, then what it waits for the host update.
-  const double until_copy = (m - 1) * (fwd_mb + bwd_mb) + fwd_mb + bwd[size_t(segments - 1)];
-  host_update(fwd, until_copy);
+  // The program against the streams' clocks; what the compute stream waited for is charged here.
+  const WalkResult r = walk_step(program, w);
+  set(kGathers, Phase::Forward);
+  overlapped_comm(r.gather_total, r.gathers);
+  set(kGradSums, Phase::Backward);
+  overlapped_comm(r.sums_total, r.sums + r.comm_on_compute);
+  charge(OpCategory::Communication, r.slots);
+  charge(OpCategory::Other, r.fetch);
+  st_.grad_drain_exposed = r.slots;
+  st_.host_update = r.host_update, st_.host_state = r.host_state, st_.host_two_pass = r.two_pass;
+  st_.host_exposed = r.host;
   double total = 0;
   for (double s : st_.seconds) total += s;
   st_.step = total + st_.host_exposed;

@@ -1,31 +1,22 @@
-// The time model: one optimizer step of a plan on its machine, op by op as the Transformer issues
-// them — GEMM and attention FLOPs over the machine's measured rates (by GEMM size, rows per
-// expert, sequence length), memory-bound ops' bytes over their measured bandwidths, collectives'
-// bytes over the links' bus bandwidths — and the overlap rules of our schedule:
+// The time model: one optimizer step of a plan on its machine. Each segment's forward and backward
+// for one micro-batch are priced op by op as the Transformer issues them — GEMM and attention FLOPs
+// over the machine's measured rates (by GEMM size, rows per expert, sequence length), memory-bound
+// ops' bytes over their measured bandwidths, the collectives inside a segment over the links' bus
+// bandwidths with their overlap inside the segment:
 //   - the compute stream runs every op in turn; its time is split into the log's categories
 //     (TimedOps: attention, dense GEMMs, experts, router/permute, LM head+loss, optimizer,
 //     communication, other);
-//   - collectives on the compute stream (Ulysses' all-to-alls, cp router counts, ZeRO weight
-//     broadcasts) are exposed;
+//   - collectives on the compute stream (Ulysses' all-to-alls, cp router counts) are exposed;
 //   - the expert exchange in c chunks hides behind the experts but for the first dispatch and the
-//     last combine, and slows the experts it overlaps by link.overlap_slowdown;
+//     last combine, and slows the experts it overlaps by link.overlap_slowdown; a bounded exchange
+//     that takes r > 1 rounds recomputes the experts' gate/up and SwiGLU round by round;
 //   - ring attention's K/V passes hide behind each ring step's blocks, but for the final hop;
-//   - the data-parallel gradient sums run segment by segment on their own stream during the last
-//     micro-batch's backward; what is left when backward ends is exposed; sliced parameters'
-//     are reduce-scattered (half an all-reduce's bytes on the wire);
-//   - sliced parameters: each segment's weights are all-gathered before its forward and again
-//     before its backward, on a side stream behind the previous segment's compute (two segments'
-//     buffers: the gather of segment s waits for s-2's release); what a gather takes beyond the
-//     compute it hides behind is exposed; the first of each pass is exposed;
-//   - gradients in flight (sliced with one micro-batch, or streamed to the host): two segments'
-//     buffers, so a segment's backward waits until the buffer of the segment two before it has
-//     drained (reduce-scattered, copied to the host);
-//   - a bounded expert exchange that takes r > 1 rounds: the backward recomputes the experts'
-//     gate/up and SwiGLU round by round, and every round is its own exchange call;
-//   - host-updated state: gradients go to the host during the last backward; the update starts
-//     once backward (and the clip norm) is done, in forward order; the next forward of a segment
-//     waits for its weights (simulated segment by segment); with two passes the state pass must
-//     end before the next step's gradient copies; the cheaper mode is taken, as the trainer does.
+//   - saved tensors go to the host and back beside the layers around them (a copy longer than its
+//     window holds up the segment that ends it).
+// The step itself is the plan's step program (plan/program.h) for the rank, walked action by
+// action against its streams' clocks (plan/step_walk.h): the segments, the weight gathers, the
+// gradient sums and reduce-scatters, the slots and copies of in-flight gradients, the optimizer,
+// the device and host updates — each where the program runs it, so the schedule is said once.
 #pragma once
 
 #include <array>
