@@ -14,6 +14,16 @@ int param_segment(const ModelLayout& layout, int p) {
   return int(layout.dims.layers) + 1;  // final norm, untied LM head
 }
 
+StepSlots step_slots(bool sliced, bool pool_grads, bool streams, bool tied) {
+  StepSlots s;
+  if (sliced) {
+    s.shared_weights = kSharedSlots, s.tied_weights = tied;
+    if (!pool_grads) s.grads_per_group = true;
+  }
+  if ((sliced && pool_grads) || (!sliced && streams)) s.shared_grads = kSharedSlots, s.tied_grads = tied;
+  return s;
+}
+
 ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad_dtype, MemKind mem,
                        bool allocate)
     : layout_(layout), weight_dtype_(weight_dtype), grad_dtype_(grad_dtype) {
@@ -55,12 +65,17 @@ ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad
   }
   const int64_t shared = *std::max_element(group_elems.begin(), group_elems.begin() + segments);
   const int groups = num_gather_groups();
-  // Slot sizes: two shared by the segments and the tied embedding's own, for the weights; the
-  // same for pooled gradients, else one per group.
-  std::vector<int64_t> wslots = {shared, shared}, gslots;
-  if (tied) wslots.push_back(group_elems[size_t(segments)]);
-  if (slices_.pool_grads) gslots = wslots;
-  else gslots = group_elems;
+  // Slot sizes (StepSlots): the shared ones of the largest segment and the tied embedding's own,
+  // for the weights; the same for pooled gradients, else one per group.
+  slots_ = step_slots(/*sliced=*/true, slices_.pool_grads, /*streams=*/false, tied);
+  std::vector<int64_t> wslots(size_t(slots_.shared_weights), shared), gslots;
+  if (slots_.tied_weights) wslots.push_back(group_elems[size_t(segments)]);
+  if (slots_.grads_per_group) {
+    gslots = group_elems;
+  } else {
+    gslots.assign(size_t(slots_.shared_grads), shared);
+    if (slots_.tied_grads) gslots.push_back(group_elems[size_t(segments)]);
+  }
   weight_bytes_ = size_t(slice_total) * dtype_size(weight_dtype);
   grad_bytes_ = size_t(slice_total) * dtype_size(grad_dtype);
   for (int64_t e : wslots) weight_bytes_ += size_t(e) * dtype_size(weight_dtype);
@@ -111,8 +126,9 @@ ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad
     }
   }
   const int64_t shared = *std::max_element(group_elems.begin(), group_elems.begin() + segments);
-  std::vector<int64_t> gslots = {shared, shared};
-  if (tied) gslots.push_back(group_elems[size_t(segments)]);
+  slots_ = step_slots(/*sliced=*/false, /*pool_grads=*/false, /*streams=*/true, tied);
+  std::vector<int64_t> gslots(size_t(slots_.shared_grads), shared);
+  if (slots_.tied_grads) gslots.push_back(group_elems[size_t(segments)]);
   grad_slot_.assign(size_t(groups), -1);
   grad_owner_.assign(gslots.size(), -1);
   grad_freed_.assign(gslots.size(), 0);
@@ -170,16 +186,18 @@ Tensor ParamStore::padded_grad(int p) const {
   return in_slot(grad_slots_, grad_slot_, grad_dtype_, p, true, "gradients");
 }
 
-int ParamStore::bind(std::vector<int>& bound, std::vector<int>& owner, std::vector<uint64_t>& freed, int g) {
+int ParamStore::bind(std::vector<int>& bound, std::vector<int>& owner, std::vector<uint64_t>& freed, int shared,
+                     int g) {
   MOP_CHECK(g >= 0 && g < num_gather_groups(), "gather group ", g);
   if (bound[size_t(g)] >= 0) return bound[size_t(g)];
-  const bool own = g == num_segments(layout_.dims);  // the tied embedding's slot
-  int slot = 2;
-  if (!own) {
-    slot = owner[0] < 0 ? 0 : owner[1] < 0 ? 1 : -1;
-    if (owner[0] < 0 && owner[1] < 0 && freed[1] < freed[0]) slot = 1;  // the one freed longest ago
+  int slot = -1;
+  if (g == num_segments(layout_.dims)) {
+    slot = shared;  // the tied embedding's own, after the shared ones
+  } else {
+    for (int i = 0; i < shared; ++i)  // of the free shared slots the one freed longest ago
+      if (owner[size_t(i)] < 0 && (slot < 0 || freed[size_t(i)] < freed[size_t(slot)])) slot = i;
   }
-  MOP_CHECK(slot >= 0, "no free gather slot for group ", g, " (slots hold ", owner[0], " and ", owner[1], ")");
+  MOP_CHECK(slot >= 0, "no free gather slot for group ", g, " (all ", shared, " shared slots are bound)");
   owner[size_t(slot)] = g;
   return bound[size_t(g)] = slot;
 }
@@ -191,13 +209,13 @@ void ParamStore::release(std::vector<int>& bound, std::vector<int>& owner, std::
   freed[size_t(slot)] = ++releases_;
 }
 
-void ParamStore::bind_weights(int g) { bind(weight_slot_, weight_owner_, weight_freed_, g); }
+void ParamStore::bind_weights(int g) { bind(weight_slot_, weight_owner_, weight_freed_, slots_.shared_weights, g); }
 
 void ParamStore::release_weights(int g) { release(weight_slot_, weight_owner_, weight_freed_, g); }
 
 void ParamStore::bind_grads(int g) {
   MOP_CHECK(group_pooled(g), "bind_grads: group ", g, "'s gradients are not pooled");
-  bind(grad_slot_, grad_owner_, grad_freed_, g);
+  bind(grad_slot_, grad_owner_, grad_freed_, slots_.shared_grads, g);
 }
 
 void ParamStore::release_grads(int g) {

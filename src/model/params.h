@@ -29,13 +29,31 @@ inline int64_t slice_numel(int64_t numel, int parts) {
   return parts == 1 ? numel : aligned_numel((numel + parts - 1) / parts);
 }
 
+// The slots a step binds parameter groups to, declared once: the step program records them
+// (plan/program.h, StepProgram::slots) and its passes count against them, the store allocates
+// them, the plan's memory prices them. Two shared slots: a segment's in use while the next one's
+// weights are gathered into the other (its gradients: written by a backward while the segment
+// before is reduce-scattered or copied out). A tied embedding is read by the first and the last
+// segment: it has a slot of its own, after the shared ones.
+constexpr int kSharedSlots = 2;
+struct StepSlots {
+  int shared_weights = 0;        // sliced: gathered segments' whole weights, in turn
+  bool tied_weights = false;     // sliced, tied embedding: its own weight slot
+  int shared_grads = 0;          // whole gradients in flight (sliced with one micro-batch, streamed)
+  bool tied_grads = false;       // ... the tied embedding's own gradient slot
+  bool grads_per_group = false;  // sliced over several micro-batches: every group's for the step
+  bool operator==(const StepSlots&) const = default;
+};
+// sliced: parallel.shard: slice; pool_grads: sliced with one micro-batch; streams: some segments'
+// gradients streamed (whole parameters); tied: the LM head reads the embedding.
+StepSlots step_slots(bool sliced, bool pool_grads, bool streams, bool tied);
+
 // Sliced parameters (ZeRO-3): parameter p is cut into n[p] slices of slice_numel(p) =
 // slice_numel(numel, n[p]) elements and this rank keeps slice index[p].
-// The whole weights of a segment exist only while it is bound to one of two gather slots (the
+// The whole weights of a segment exist only while it is bound to a gather slot (StepSlots: the
 // schedule gathers every replica's slice into it); the whole gradients likewise with pool_grads
 // (one micro-batch per step: a segment's are final after its backward), else for the whole step.
-// A tied embedding is read by the first and the last segment: it has a slot of its own. A
-// parameter of one replica (n = 1) is its own slice and is used in place: no slot, no copies.
+// A parameter of one replica (n = 1) is its own slice and is used in place: no slot, no copies.
 struct ParamSlices {
   std::vector<int> n, index;  // per parameter
   bool pool_grads = true;
@@ -44,8 +62,8 @@ struct ParamSlices {
 
 // Streamed gradients (whole parameters, optim.gradients: host): the gradients of the segments
 // marked in `segments` (a tied embedding's with segment 0's, in a slot of its own) exist only
-// while their group is bound to a slot — two shared by the segments — so only the segments in
-// flight have them; every other parameter's are in one buffer for the whole step.
+// while their group is bound to a slot (StepSlots: shared by the segments), so only the segments
+// in flight have them; every other parameter's are in one buffer for the whole step.
 struct PooledGrads {
   std::vector<bool> segments;  // per segment
   bool allocate = true;
@@ -97,14 +115,15 @@ class ParamStore {
   Tensor gathered_weight(int p) const;
   Tensor padded_grad(int p) const;
   // Gather groups: segment s's parameters, or (tied embedding) the group num_segments() of its
-  // own. bind_* gives the group a slot (two shared by the segments; a group bound twice is
-  // bound once); release_* frees it.
+  // own. bind_* gives the group a slot (slots(): shared by the segments, the tied embedding's its
+  // own; a group bound twice is bound once); release_* frees it.
   int gather_group(int p) const { return group_of_[size_t(p)]; }
   int num_gather_groups() const { return int(group_params_.size()); }
   const std::vector<int>& group_params(int g) const { return group_params_[size_t(g)]; }
   bool weights_bound(int g) const { return weight_slot_[size_t(g)] >= 0; }
   bool grads_bound(int g) const { return !group_pooled(g) || grad_slot_[size_t(g)] >= 0; }
   bool pools_grads() const { return slices_.pool_grads; }
+  const StepSlots& slots() const { return slots_; }
   // Pooled gradients (sliced with pool_grads, or PooledGrads): whether group g's / parameter p's
   // gradients live in a slot, and which slot group g has (-1: none).
   bool group_pooled(int g) const { return !pooled_group_.empty() && pooled_group_[size_t(g)]; }
@@ -125,7 +144,7 @@ class ParamStore {
  private:
   Tensor in_slot(const std::vector<Buffer>& slots, const std::vector<int>& bound, DType dtype, int p,
                  bool padded, const char* what) const;
-  int bind(std::vector<int>& bound, std::vector<int>& owner, std::vector<uint64_t>& freed, int g);
+  int bind(std::vector<int>& bound, std::vector<int>& owner, std::vector<uint64_t>& freed, int shared, int g);
   void release(std::vector<int>& bound, std::vector<int>& owner, std::vector<uint64_t>& freed, int g);
   Tensor resident_grad(int p) const;  // a PooledGrads store's unpooled gradients
 
@@ -137,6 +156,7 @@ class ParamStore {
   // Sliced: per parameter its slice's length and offset in the slice buffers, its gather group
   // and offset in the group's slot; per group its slot (-1: released); per slot its group.
   ParamSlices slices_;
+  StepSlots slots_;
   std::vector<int64_t> slice_numel_, slice_off_, slot_off_;
   std::vector<int> group_of_;
   std::vector<std::vector<int>> group_params_;
@@ -147,7 +167,9 @@ class ParamStore {
   std::vector<int64_t> grad_off_;   // PooledGrads: per parameter its offset in grads_ (-1: pooled)
   Buffer slice_weights_, slice_grads_;
   size_t weight_bytes_ = 0, grad_bytes_ = 0;
-  std::vector<Buffer> weight_slots_, grad_slots_;  // [0, 1] shared, [2] the tied embedding's
+  // The shared slots first, then the tied embedding's (sliced over several micro-batches: the
+  // gradients' one per group).
+  std::vector<Buffer> weight_slots_, grad_slots_;
 };
 
 // Initial fp32 values of parameter p into dst (its numel() floats): weight matrices

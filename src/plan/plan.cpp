@@ -203,8 +203,10 @@ int64_t attention_tile(const Plan& p) {
 }  // namespace
 
 // Per parameter q of the rank's layout (n elements, a aligned, k its slice when sliced):
-//   weights    compute dtype: a, or k sliced (+ the two gathered segments' sliced parameters whole);
-//   gradients  grad dtype: a, or in flight (the two segments being reduced or streamed, whole),
+//   weights    compute dtype: a, or k sliced (+ the gathered segments' sliced parameters whole, as
+//              many as the step's shared weight slots: model/params.h, StepSlots);
+//   gradients  grad dtype: a, or in flight (the segments being reduced or streamed, whole, as many
+//              as its shared gradient slots),
 //              + k for a sliced parameter whose state is on the device (its reduce-scattered slice);
 //   state      fp32 master, m, v (12 bytes) of what the rank owns, on the device or the host;
 //   staging    host-updated: bf16 gradients on the device (2 bytes; streamed: for the two
@@ -237,16 +239,23 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
     if (gpu && (sliced || grads_in_flight(int(q)))) streamed += state;
     else staged += (n + 63) / 64 * 64, staged_cpu += n;
   }
-  auto two_largest = [](std::vector<int64_t> v) {  // the two segments in flight at a time
+  // The segments in flight at a time: one per shared slot of the step (model/params.h: what the
+  // step program and the parameter store declare).
+  const StepSlots slots = step_slots(parallel.sliced(), micro_batches == 1, stream_grads,
+                                     local.lm_head == local.embedding);
+  auto largest = [](std::vector<int64_t> v, int count) {
     std::sort(v.rbegin(), v.rend());
-    return v.size() > 1 ? v[0] + v[1] : v.empty() ? 0 : v[0];
+    int64_t sum = 0;
+    for (size_t i = 0; i < v.size() && i < size_t(count); ++i) sum += v[i];
+    return sum;
   };
-  m.weights = size_t(w_elems + two_largest(gathered)) * c;
-  m.grads = size_t(g_elems + two_largest(in_flight)) * g;
+  m.weights = size_t(w_elems + largest(gathered, slots.shared_weights)) * c;
+  m.grads = size_t(g_elems + largest(in_flight, slots.shared_grads)) * g;
   if (parallel.sliced() && !stream_grads) {
-    // What the step runs: the parameter store's slices and gather slots (model/params.h: two
-    // slots of the largest segment, a tied embedding's own, a one-replica parameter in place),
-    // every slice's gradients on the device, host-updated slices through the plain host pipeline.
+    // What the step runs: the parameter store's slices and gather slots (model/params.h: the
+    // shared slots of the largest segment, a tied embedding's own, a one-replica parameter in
+    // place), every slice's gradients on the device, host-updated slices through the plain host
+    // pipeline.
     const ParamStore store(local, run.compute, run.grad, MemKind::Host,
                            param_slices(parallel, rank, micro_batches, /*allocate=*/false));
     m.weights = store.weight_bytes(), m.grads = store.grad_bytes();
@@ -257,10 +266,10 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
   }
   size_t running_sums = 0;
   if (stream_grads && !state_on_host.empty()) {
-    // What the step runs: the parameter store with the host-updated segments' gradients in two
-    // slots (model/params.h), the host pipeline's staging (on the GPU bf16 for the two segments
-    // being converted; pinned bf16 gradients and weights), and with several micro-batches every
-    // streamed gradient's running sum in host memory (schedule/step.h).
+    // What the step runs: the parameter store with the host-updated segments' gradients in the
+    // shared slots (model/params.h), the host pipeline's staging (on the GPU bf16 for the two
+    // segments being converted; pinned bf16 gradients and weights), and with several micro-batches
+    // every streamed gradient's running sum in host memory (schedule/step.h).
     const ParamStore store(local, run.compute, run.grad, MemKind::Host, PooledGrads{streamed_segments(), false});
     m.weights = store.weight_bytes(), m.grads = store.grad_bytes();
     std::vector<int64_t> by_segment(size_t(segments), 0);

@@ -56,7 +56,8 @@ StepSchedule::StepSchedule(const Plan& plan, StepProgram program, Transformer& m
     if (shape.micro_batches > 1)
       sums_ = Buffer(dev == Device::CPU ? MemKind::Host : MemKind::Pinned, size_t(total) * dtype_size(params.grad_dtype()));
     stash_stream_ = OwnedStream(dev);
-    for (Event& e : slot_free_) e = Event(dev);
+    const StepSlots& slots = params.slots();
+    for (int i = 0; i < slots.shared_grads + int(slots.tied_grads); ++i) slot_free_.emplace_back(dev);
     for (int seg = 0; seg < segments; ++seg) stashed_.emplace_back(dev);
     grads_written_ = Event(dev);
   }

@@ -113,7 +113,7 @@ class StepSchedule {
   std::vector<int64_t> sum_offsets_;
   OwnedStream stash_stream_;
   Event grads_written_;
-  Event slot_free_[3];
+  std::vector<Event> slot_free_;  // per gradient slot (ParamStore::slots(): shared, the tied one)
   std::vector<Event> stashed_;  // per segment: its last running sums on the host
   double update_stream_seconds_ = 0;  // the last update's, read in apply() before the next
 };
