@@ -1,10 +1,11 @@
-// The one-stage step program (see program.h).
+// The step program's shape, its composition from the passes (plan/program_passes.h) and its text
+// (see program.h).
 #include "plan/program.h"
 
 #include <cstdio>
-#include <utility>
 
 #include "model/params.h"
+#include "plan/program_passes.h"
 
 namespace mop {
 
@@ -44,170 +45,34 @@ bool ProgramShape::streams() const {
 
 namespace {
 
-// Whole parameters: every micro-batch's forward, then its backward; the last backward hands each
-// segment's gradients on (sums, host copies) as soon as they are final. A streamed segment's
-// gradients get a slot before they are first written in a micro-batch (zeroed in the first, the
-// running sum back from the host in the others) and leave it after its backward: the running sum
-// to the host, or (the last) summed over the ranks, their norms taken and sent to the host.
-void plain_gradients(const ProgramShape& shape, std::vector<Action>& g) {
-  const int S = shape.segments, tied = S;  // the tied embedding's gradient group
-  auto host = [&](int s) { return !shape.host_segments.empty() && shape.host_segments[size_t(s)]; };
-  auto add = [&](ActionKind k, int s, int m, StreamKind st = StreamKind::Compute) {
-    g.push_back({k, s, s + 1, m, st});
-  };
-  // The gradient groups of segment s: its own, and with a tied head the embedding's.
-  auto groups = [&](int s) {
-    std::vector<int> out;
-    if (shape.tied && s == 0) out.push_back(tied);
-    out.push_back(s);
-    return out;
-  };
-  auto slot = [&](int group, int m) {  // the first write of a streamed group in micro-batch m
-    const int seg = group == tied ? 0 : group;
-    if (shape.streamed_segment(seg)) add(ActionKind::GradSlot, group, m);
-  };
-  g.push_back({ActionKind::ZeroGrads, -1, -1, -1, StreamKind::Compute});
-  const StreamKind sums = shape.async_reduce ? StreamKind::GradSums : StreamKind::Compute;
-  for (int m = 0; m < shape.micro_batches; ++m) {
-    const bool last = m + 1 == shape.micro_batches;
-    g.push_back({ActionKind::BeginForward, -1, -1, m, StreamKind::Compute});
-    for (int s = 0; s < S; ++s) {
-      if (host(s)) g.push_back({ActionKind::WeightsReady, s, s + 1, m, StreamKind::Compute});
-      if (shape.device_update_overlapped) g.push_back({ActionKind::WaitUpdate, s, s + 1, m, StreamKind::Compute});
-      if (s == S - 1) {  // the fused LM head writes its gradients (a tied one: the embedding's) in the forward
-        if (shape.tied) slot(tied, m);
-        slot(s, m);
-      }
-      g.push_back({ActionKind::Forward, s, s + 1, m, StreamKind::Compute});
-    }
-    g.push_back({ActionKind::BeginBackward, -1, -1, m, StreamKind::Compute});
-    for (int s = S - 1; s >= 0; --s) {
-      if (s < S - 1) slot(s, m);
-      g.push_back({ActionKind::Backward, s, s + 1, m, StreamKind::Compute});
-      if (shape.streamed_segment(s)) {
-        if (last) {
-          if (shape.reduce) {
-            add(ActionKind::ReduceGrads, s, m, sums);
-            g.push_back({ActionKind::JoinReduce, -1, -1, m, StreamKind::Compute});
-          }
-          add(ActionKind::GradNorms, s, m);
-          if (host(s)) add(ActionKind::GradsToHost, s, m, StreamKind::HostCopy);
-        } else {
-          add(ActionKind::StashGrads, s, m, StreamKind::HostCopy);
-        }
-        for (int grp : groups(s)) add(ActionKind::ReleaseGrads, grp, m);
-        continue;
-      }
-      if (!last) continue;
-      // The segment's gradients are final: sum them, and a host update copies the sums.
-      if (shape.reduce) {
-        g.push_back({ActionKind::ReduceGrads, s, s + 1, m, sums});
-        if (host(s)) g.push_back({ActionKind::JoinReduce, -1, -1, m, StreamKind::Compute});
-      }
-      if (host(s)) g.push_back({ActionKind::GradsToHost, s, s + 1, m, StreamKind::HostCopy});
-    }
-  }
-  if (shape.reduce) g.push_back({ActionKind::JoinReduce, -1, -1, -1, StreamKind::Compute});
-  g.push_back({ActionKind::ReadLosses, -1, -1, -1, StreamKind::Host});
-}
-
-// Sliced parameters: each segment's weights are gathered before its forward and released after
-// (the last two stay for the backward), gathered again before its backward and released after
-// it; with one micro-batch its gradients get a slot just before they are first written (the
-// backward; the fused LM head's in its forward) and are reduce-scattered (and the slot freed)
-// right after its backward. A tied embedding's group is gathered with the first segment that
-// reads it and kept until the step's last backward.
-// The gathers run on a stream of their own, one segment ahead: the gather of the next segment is
-// issued before a segment's forward (before its backward: of the segment before it, once a slot
-// is free), and join-gathers makes the compute stream wait for the gathers issued so far just
-// before the segment that needs them. A gather waits for the compute work issued before it (what
-// last read its slot; the update that wrote its slices).
-void sliced_gradients(const ProgramShape& shape, std::vector<Action>& g) {
-  const int S = shape.segments, tied = S;  // the tied embedding's gather group
-  auto host = [&](int s) { return !shape.host_segments.empty() && shape.host_segments[size_t(s)]; };
-  auto add = [&](ActionKind k, int group, int m, StreamKind st = StreamKind::Compute) {
-    g.push_back({k, group, group + 1, m, st});
-  };
-  std::vector<char> gathered(size_t(S + 1), 0), grads(size_t(S + 1), 0);
-  int shared = 0;        // gathered segments (the two shared slots)
-  bool pending = false;  // a gather issued since the last join
-  auto gather = [&](int group, int m) {
-    if (std::exchange(gathered[size_t(group)], char(1))) return;
-    add(ActionKind::Gather, group, m, StreamKind::Gathers);
-    shared += group != tied, pending = true;
-  };
-  auto release = [&](int group, int m) {
-    if (!std::exchange(gathered[size_t(group)], char(0))) return;
-    add(ActionKind::Release, group, m);
-    shared -= group != tied;
-  };
-  auto join = [&](int m) {
-    if (std::exchange(pending, false)) g.push_back({ActionKind::JoinGathers, -1, -1, m, StreamKind::Compute});
-  };
-  // Forward: what the slices wait for (the last step's update of them), then the gather.
-  auto forward_gather = [&](int s, int m) {
-    if (host(s)) add(ActionKind::WeightsReady, s, m);
-    if (shape.device_update_overlapped) add(ActionKind::WaitUpdate, s, m);
-    if (shape.tied && (s == 0 || s == S - 1)) gather(tied, m);
-    gather(s, m);
-  };
-  // Pooled gradients: a slot for segment s's (and, with the head, the tied embedding's) before
-  // they are first written.
-  auto grad_slots = [&](int s, int m) {
-    if (!shape.pool_grads) return;
-    if (shape.tied && s == S - 1 && !std::exchange(grads[size_t(tied)], char(1))) add(ActionKind::GradSlot, tied, m);
-    if (!std::exchange(grads[size_t(s)], char(1))) add(ActionKind::GradSlot, s, m);
-  };
-  if (!shape.pool_grads) g.push_back({ActionKind::ZeroGrads, -1, -1, -1, StreamKind::Compute});
-  for (int m = 0; m < shape.micro_batches; ++m) {
-    const bool last = m + 1 == shape.micro_batches;
-    g.push_back({ActionKind::BeginForward, -1, -1, m, StreamKind::Compute});
-    forward_gather(0, m);
-    for (int s = 0; s < S; ++s) {
-      join(m);
-      if (s + 1 < S) forward_gather(s + 1, m);
-      // The fused LM head writes its gradients in the forward.
-      if (s == S - 1) grad_slots(s, m);
-      add(ActionKind::Forward, s, m);
-      if (s < S - 2) release(s, m);
-    }
-    g.push_back({ActionKind::BeginBackward, -1, -1, m, StreamKind::Compute});
-    for (int s = S - 1; s >= 0; --s) {
-      gather(s, m);
-      join(m);
-      if (s > 0 && shared < 2) gather(s - 1, m);
-      grad_slots(s, m);
-      add(ActionKind::Backward, s, m);
-      release(s, m);
-      if (!last) continue;
-      add(ActionKind::ReduceScatter, s, m);
-      if (shape.tied && s == 0) release(tied, m), add(ActionKind::ReduceScatter, tied, m);
-      if (host(s)) add(ActionKind::GradsToHost, s, m, StreamKind::HostCopy);
-    }
-  }
-  g.push_back({ActionKind::ReadLosses, -1, -1, -1, StreamKind::Host});
-}
+// The step's passes, in order (program_passes.h says what each adds and next to what).
+constexpr ProgramPass kStepPasses[] = {add_gathers,         add_weight_waits, add_grad_slots,
+                                       add_reduce_scatters, add_grad_sums,    add_grad_norms,
+                                       add_host_copies,     add_grad_releases};
+// Evaluation's: a forward reads the weights, writes no gradients.
+constexpr ProgramPass kEvalPasses[] = {add_gathers, add_weight_waits};
 
 }  // namespace
+
+StepSlots program_slots(const ProgramShape& shape) {
+  return step_slots(shape.sliced, shape.pool_grads, shape.streams(), shape.tied);
+}
 
 StepProgram make_step_program(const ProgramShape& shape) {
   StepProgram prog;
   prog.shape = shape;
-  const int S = shape.segments;
-  auto host = [&](int s) { return !shape.host_segments.empty() && shape.host_segments[size_t(s)]; };
-  auto& g = prog.gradients;
-  if (shape.sliced) sliced_gradients(shape, g);
-  else plain_gradients(shape, g);
-
-  auto& a = prog.apply;
-  a.push_back({ActionKind::Optimizer, -1, -1, -1, StreamKind::Compute});
-  if (shape.device_update_overlapped)
-    for (int s = 0; s < S; ++s) a.push_back({ActionKind::DeviceUpdate, s, s + 1, -1, StreamKind::Update});
-  bool any_host = false;
-  for (int s = 0; s < S; ++s) any_host = any_host || host(s);
-  if (any_host) a.push_back({ActionKind::HostUpdate, -1, -1, -1, StreamKind::HostCopy});
-  if (shape.zero1) a.push_back({ActionKind::Broadcast, -1, -1, -1, StreamKind::Compute});
+  prog.slots = program_slots(shape);
+  ProgramDraft d = step_skeleton(shape, prog.slots);
+  for (ProgramPass pass : kStepPasses) pass(d);
+  prog.gradients = d.flatten();
+  prog.apply = apply_actions(shape);
   return prog;
+}
+
+std::vector<Action> make_eval_program(const ProgramShape& shape) {
+  ProgramDraft d = eval_skeleton(shape, program_slots(shape));
+  for (ProgramPass pass : kEvalPasses) pass(d);
+  return d.flatten();
 }
 
 const char* action_name(ActionKind k) {

@@ -1,15 +1,18 @@
 // The step program: one rank's training step as data — a list of actions (wait for a segment's
 // weights, forward or backward segments [a, b) of micro-batch m, sum a segment's gradients over
-// the ranks, send them to the host, read the losses, update), each on a named stream, that the
-// plan makes and the schedule (schedule/step.h) executes in order. Today's step is the one-stage
-// program: every micro-batch runs forward over all segments, then backward over all of them; the
-// last micro-batch's backward hands each segment's gradients on as soon as they are final.
-// `mop plan --program` prints it; tests compare programs.
+// the ranks, send them to the host, read the losses, update), each on a named stream, and the
+// slots it binds parameter groups to, that the plan makes and the schedule (schedule/step.h)
+// executes in order. Made by passes (plan/program_passes.h): a skeleton — every micro-batch's
+// forward over all segments, then its backward over all of them — and one pass per concern
+// placing its actions around the skeleton's; the last micro-batch's backward hands each segment's
+// gradients on as soon as they are final. Evaluation's forward is a program of the same passes.
+// `mop plan --program` prints the step's; tests compare programs.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "model/params.h"
 #include "plan/plan.h"
 
 namespace mop {
@@ -88,16 +91,22 @@ struct ProgramShape {
 
 struct StepProgram {
   ProgramShape shape;
+  StepSlots slots;                // the buffers its actions bind groups to (the parameter store's)
   std::vector<Action> gradients;  // the step's forward and backward, up to the losses
   std::vector<Action> apply;      // the optimizer's update
 };
 
 // This rank's shape of the plan's step.
 ProgramShape program_shape(const Plan& plan, int rank);
+// The slots a program of this shape binds gather groups and gradients to (model/params.h).
+StepSlots program_slots(const ProgramShape& shape);
 StepProgram make_step_program(const ProgramShape& shape);
 inline StepProgram make_step_program(const Plan& plan, int rank) {
   return make_step_program(program_shape(plan, rank));
 }
+// Evaluation: one forward without gradients — begin-forward, then per segment what its weights
+// wait for, their gathers and releases (sliced), its forward.
+std::vector<Action> make_eval_program(const ProgramShape& shape);
 
 const char* action_name(ActionKind k);
 const char* stream_name(StreamKind s);

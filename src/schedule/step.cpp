@@ -43,6 +43,7 @@ StepSchedule::StepSchedule(const Plan& plan, StepProgram program, Transformer& m
             "the overlapped device update needs its stream's Ops exactly when the program has it");
   MOP_CHECK(shape.streams() == params.streams_grads(), "the step program and the parameter store disagree on "
             "streamed gradients");
+  MOP_CHECK(program_.slots == params.slots(), "the step program binds other slots than the parameter store has");
   if (shape.streams()) {
     for (int p = 0; p < params.num_params(); ++p)
       MOP_CHECK(params.grad_pooled(p) == shape.streamed_segment(param_segment(layout, p)),

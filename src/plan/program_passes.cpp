@@ -1,0 +1,247 @@
+// The skeletons and passes that make step programs (see program_passes.h).
+#include "plan/program_passes.h"
+
+#include <utility>
+
+namespace mop {
+
+namespace {
+
+Action at(ActionKind k, int group, int micro_batch, StreamKind stream = StreamKind::Compute) {
+  return {k, group, group + 1, micro_batch, stream};
+}
+
+Action whole(ActionKind k, int micro_batch, StreamKind stream = StreamKind::Compute) {
+  return {k, -1, -1, micro_batch, stream};
+}
+
+}  // namespace
+
+std::vector<Action> ProgramDraft::flatten() const {
+  std::vector<Action> out;
+  for (const Anchor& a : anchors) {
+    out.insert(out.end(), a.before.begin(), a.before.end());
+    out.push_back(a.action);
+    out.insert(out.end(), a.after.begin(), a.after.end());
+  }
+  return out;
+}
+
+ProgramDraft step_skeleton(const ProgramShape& shape, const StepSlots& slots) {
+  ProgramDraft d{shape, slots, {}};
+  auto add = [&](Action a) { d.anchors.push_back({a, {}, {}}); };
+  if (!(shape.sliced && shape.pool_grads)) add(whole(ActionKind::ZeroGrads, -1));
+  for (int m = 0; m < shape.micro_batches; ++m) {
+    add(whole(ActionKind::BeginForward, m));
+    for (int s = 0; s < shape.segments; ++s) add(at(ActionKind::Forward, s, m));
+    add(whole(ActionKind::BeginBackward, m));
+    for (int s = shape.segments - 1; s >= 0; --s) add(at(ActionKind::Backward, s, m));
+  }
+  add(whole(ActionKind::ReadLosses, -1, StreamKind::Host));
+  return d;
+}
+
+ProgramDraft eval_skeleton(const ProgramShape& shape, const StepSlots& slots) {
+  ProgramDraft d{shape, slots, {}};
+  d.shape.micro_batches = 1;
+  d.anchors.push_back({whole(ActionKind::BeginForward, 0), {}, {}});
+  for (int s = 0; s < shape.segments; ++s)
+    d.anchors.push_back({at(ActionKind::Forward, s, 0), {}, {}});
+  return d;
+}
+
+void add_gathers(ProgramDraft& d) {
+  if (!d.shape.sliced) return;
+  const int S = d.segments(), tied = d.tied_group(), slots = d.slots.shared_weights;
+  std::vector<char> gathered(size_t(S + 1), 0), has_backward(size_t(d.shape.micro_batches), 0);
+  int shared = 0;        // groups bound to the shared slots
+  bool pending = false;  // a gather issued since the last join
+  size_t tied_last = 0;  // the anchor of the tied embedding's last reader (segment 0 or S-1)
+  for (size_t i = 0; i < d.anchors.size(); ++i) {
+    const Action& x = d.anchors[i].action;
+    if (x.kind == ActionKind::Backward) has_backward[size_t(x.micro_batch)] = 1;
+    if ((x.kind == ActionKind::Forward || x.kind == ActionKind::Backward) &&
+        (x.begin == 0 || x.begin == S - 1))
+      tied_last = i;
+  }
+  auto gather = [&](std::vector<Action>& out, int group, int m) {
+    if (std::exchange(gathered[size_t(group)], char(1))) return;
+    out.push_back(at(ActionKind::Gather, group, m, StreamKind::Gathers));
+    shared += group != tied, pending = true;
+  };
+  // A segment's weights, and the tied embedding's with a segment that reads it.
+  auto gather_segment = [&](std::vector<Action>& out, int s, int m) {
+    if (tied >= 0 && (s == 0 || s == S - 1)) gather(out, tied, m);
+    gather(out, s, m);
+  };
+  auto release = [&](std::vector<Action>& out, int group, int m) {
+    if (!std::exchange(gathered[size_t(group)], char(0))) return;
+    out.push_back(at(ActionKind::Release, group, m));
+    shared -= group != tied;
+  };
+  auto join = [&](std::vector<Action>& out, int m) {
+    if (std::exchange(pending, false)) out.push_back(whole(ActionKind::JoinGathers, m));
+  };
+  for (size_t i = 0; i < d.anchors.size(); ++i) {
+    ProgramDraft::Anchor& a = d.anchors[i];
+    const int s = a.action.begin, m = a.action.micro_batch;
+    switch (a.action.kind) {
+      case ActionKind::BeginForward:
+        gather_segment(a.after, 0, m);
+        break;
+      case ActionKind::Forward:
+        join(a.before, m);
+        if (s + 1 < S) gather_segment(a.before, s + 1, m);
+        if (s < S - slots || !has_backward[size_t(m)]) release(a.after, s, m);
+        break;
+      case ActionKind::Backward:
+        gather_segment(a.before, s, m);
+        join(a.before, m);
+        if (s > 0 && shared < slots) gather_segment(a.before, s - 1, m);
+        release(a.after, s, m);
+        break;
+      default:
+        break;
+    }
+    if (tied >= 0 && i == tied_last) release(a.after, tied, m);
+  }
+}
+
+void add_weight_waits(ProgramDraft& d) {
+  const int S = d.segments();
+  auto waits = [&](int s, int m) {
+    std::vector<Action> w;
+    if (d.host(s)) w.push_back(at(ActionKind::WeightsReady, s, m));
+    if (d.shape.device_update_overlapped) w.push_back(at(ActionKind::WaitUpdate, s, m));
+    return w;
+  };
+  // The segment whose weights an action reads first (a gather reads its group's slices).
+  auto reads = [&](const Action& x) {
+    if (x.kind == ActionKind::Forward) return x.begin;
+    if (x.kind == ActionKind::Gather) return x.begin == S ? 0 : x.begin;
+    return -1;
+  };
+  std::vector<char> waited(size_t(S), 0);
+  int m = -1;  // the micro-batch whose forward phase this is; -1: none
+  auto before_readers = [&](std::vector<Action>& list) {
+    for (size_t i = 0; i < list.size(); ++i) {
+      const int s = reads(list[i]);
+      if (s < 0 || std::exchange(waited[size_t(s)], char(1))) continue;
+      const std::vector<Action> w = waits(s, m);
+      list.insert(list.begin() + std::ptrdiff_t(i), w.begin(), w.end());
+      i += w.size();
+    }
+  };
+  for (ProgramDraft::Anchor& a : d.anchors) {
+    if (a.action.kind == ActionKind::BeginForward)
+      m = a.action.micro_batch, waited.assign(size_t(S), 0);
+    if (a.action.kind == ActionKind::BeginBackward) m = -1;
+    if (m < 0) continue;
+    before_readers(a.before);
+    if (const int s = reads(a.action); s >= 0 && !std::exchange(waited[size_t(s)], char(1))) {
+      const std::vector<Action> w = waits(s, m);
+      a.before.insert(a.before.end(), w.begin(), w.end());
+    }
+    before_readers(a.after);
+  }
+}
+
+void add_grad_slots(ProgramDraft& d) {
+  const int S = d.segments(), tied = d.tied_group();
+  auto in_slot = [&](int group) {
+    if (d.shape.sliced) return d.slots.shared_grads > 0;
+    return d.shape.streamed_segment(group == tied ? 0 : group);
+  };
+  std::vector<int> slotted(size_t(S + 1), -1);  // per group: the micro-batch it has a slot for
+  for (ProgramDraft::Anchor& a : d.anchors) {
+    const Action& x = a.action;
+    std::vector<int> writes;  // the groups whose gradients the action writes
+    if (x.kind == ActionKind::Forward && x.begin == S - 1) {
+      if (tied >= 0) writes.push_back(tied);
+      writes.push_back(x.begin);
+    }
+    if (x.kind == ActionKind::Backward) {
+      if (tied >= 0 && x.begin == 0) writes.push_back(tied);
+      writes.push_back(x.begin);
+    }
+    for (int g : writes)
+      if (in_slot(g) && std::exchange(slotted[size_t(g)], x.micro_batch) != x.micro_batch)
+        a.before.push_back(at(ActionKind::GradSlot, g, x.micro_batch));
+  }
+}
+
+void add_reduce_scatters(ProgramDraft& d) {
+  if (!d.shape.sliced) return;
+  const int tied = d.tied_group();
+  for (ProgramDraft::Anchor& a : d.anchors) {
+    const int s = a.action.begin, m = a.action.micro_batch;
+    if (a.action.kind != ActionKind::Backward || !d.last(m)) continue;
+    std::vector<int> groups = {s};
+    if (tied >= 0 && s == 0) groups.push_back(tied);
+    for (int g : groups) {
+      size_t i = 0;  // right after the release of its weights, else at the end
+      while (i < a.after.size() &&
+             !(a.after[i].kind == ActionKind::Release && a.after[i].begin == g))
+        ++i;
+      i = i < a.after.size() ? i + 1 : a.after.size();
+      a.after.insert(a.after.begin() + std::ptrdiff_t(i), at(ActionKind::ReduceScatter, g, m));
+    }
+  }
+}
+
+void add_grad_sums(ProgramDraft& d) {
+  if (d.shape.sliced || !d.shape.reduce) return;
+  const StreamKind sums = d.shape.async_reduce ? StreamKind::GradSums : StreamKind::Compute;
+  for (ProgramDraft::Anchor& a : d.anchors) {
+    const int s = a.action.begin, m = a.action.micro_batch;
+    if (a.action.kind == ActionKind::ReadLosses)
+      a.before.push_back(whole(ActionKind::JoinReduce, -1));
+    if (a.action.kind != ActionKind::Backward || !d.last(m)) continue;
+    a.after.push_back(at(ActionKind::ReduceGrads, s, m, sums));
+    if (d.host(s) || d.shape.streamed_segment(s))
+      a.after.push_back(whole(ActionKind::JoinReduce, m));
+  }
+}
+
+void add_grad_norms(ProgramDraft& d) {
+  for (ProgramDraft::Anchor& a : d.anchors) {
+    const int s = a.action.begin, m = a.action.micro_batch;
+    if (a.action.kind == ActionKind::Backward && d.last(m) && d.shape.streamed_segment(s))
+      a.after.push_back(at(ActionKind::GradNorms, s, m));
+  }
+}
+
+void add_host_copies(ProgramDraft& d) {
+  for (ProgramDraft::Anchor& a : d.anchors) {
+    const int s = a.action.begin, m = a.action.micro_batch;
+    if (a.action.kind != ActionKind::Backward) continue;
+    if (d.last(m) && d.host(s))
+      a.after.push_back(at(ActionKind::GradsToHost, s, m, StreamKind::HostCopy));
+    if (!d.last(m) && d.shape.streamed_segment(s))
+      a.after.push_back(at(ActionKind::StashGrads, s, m, StreamKind::HostCopy));
+  }
+}
+
+void add_grad_releases(ProgramDraft& d) {
+  const int tied = d.tied_group();
+  for (ProgramDraft::Anchor& a : d.anchors) {
+    const int s = a.action.begin, m = a.action.micro_batch;
+    if (a.action.kind != ActionKind::Backward || !d.shape.streamed_segment(s)) continue;
+    if (tied >= 0 && s == 0) a.after.push_back(at(ActionKind::ReleaseGrads, tied, m));
+    a.after.push_back(at(ActionKind::ReleaseGrads, s, m));
+  }
+}
+
+std::vector<Action> apply_actions(const ProgramShape& shape) {
+  std::vector<Action> a = {whole(ActionKind::Optimizer, -1)};
+  if (shape.device_update_overlapped)
+    for (int s = 0; s < shape.segments; ++s)
+      a.push_back(at(ActionKind::DeviceUpdate, s, -1, StreamKind::Update));
+  bool any_host = false;
+  for (bool h : shape.host_segments) any_host = any_host || h;
+  if (any_host) a.push_back(whole(ActionKind::HostUpdate, -1, StreamKind::HostCopy));
+  if (shape.zero1) a.push_back(whole(ActionKind::Broadcast, -1));
+  return a;
+}
+
+}  // namespace mop
