@@ -15,6 +15,7 @@ StepSchedule::StepSchedule(const Plan& plan, StepProgram program, Transformer& m
                            TimedOps& timed, std::unique_ptr<TimedOps> update_ops)
     : plan_(plan),
       program_(std::move(program)),
+      eval_(make_eval_program(program_.shape)),
       model_(model),
       params_(params),
       optim_(optim),
@@ -169,117 +170,112 @@ void StepSchedule::reduce_scatter(int group) {
   params_.release_grads(group);
 }
 
+// One action of the gradients' or the evaluation's program.
+void StepSchedule::run(const Action& a, Run& r) {
+  switch (a.kind) {
+    case ActionKind::ZeroGrads:
+      // Zeroed by the overlapped update of the last step, or here; the first micro-batch writes
+      // the experts' gradients.
+      {
+        // Sliced over several replicas: the whole gradients' slots (padding included), which no
+        // update reads. The others (and one replica's slices, which are the gradients) unless
+        // the overlapped update zeroed them after reading them.
+        const bool zeroed = std::exchange(grads_zeroed_, false);
+        for (int p = 0; p < params_.num_params(); ++p)
+          if (params_.sliced() && params_.slice_count(p) > 1) timed_.fill(params_.padded_grad(p), 0);
+          else if (!zeroed && !model_.writes_gradient(p) && !params_.grad_pooled(p))
+            timed_.fill(optim_.update_grad(p), 0);
+      }
+      break;
+    case ActionKind::BeginForward:
+      r.pass = r.begin(a.micro_batch);
+      if (r.pass->training) timed_.set_phase(StepPhase::Forward);  // evaluation leaves the phase
+      break;
+    case ActionKind::WeightsReady:
+      for (int s = a.begin; s < a.end; ++s) pipeline_->weights_ready(s);
+      break;
+    case ActionKind::WaitUpdate:
+      for (int s = a.begin; s < a.end; ++s) wait_update(s);
+      break;
+    case ActionKind::Forward: model_.forward(*r.pass, a.begin, a.end); break;
+    case ActionKind::BeginBackward:
+      // The backward writes gradients: every segment's update has zeroed its own.
+      wait_updates();
+      timed_.set_phase(StepPhase::Backward);
+      break;
+    case ActionKind::Backward: model_.backward(*r.pass, a.begin, a.end); break;
+    case ActionKind::ReduceGrads:
+      for (int s = a.begin; s < a.end; ++s) reduce_segment(s);
+      break;
+    case ActionKind::JoinReduce:
+      reducer_->join();  // timed as communication (TimedComm): the time the compute stream waits
+      break;
+    case ActionKind::GradsToHost:
+      for (int s = a.begin; s < a.end; ++s) pipeline_->grads_final(s, [this](int p) { return params_.grad(p); });
+      break;
+    case ActionKind::StashGrads:
+      for (int s = a.begin; s < a.end; ++s) stash(s);
+      break;
+    case ActionKind::GradNorms:
+      for (int s = a.begin; s < a.end; ++s)
+        for (int p : segment_params_[size_t(s)]) optim_.take_norm(p);
+      break;
+    case ActionKind::ReleaseGrads:
+      for (int g = a.begin; g < a.end; ++g) params_.release_grads(g);
+      break;
+    case ActionKind::Gather:
+      for (int g = a.begin; g < a.end; ++g) gather(g, /*async=*/a.stream == StreamKind::Gathers);
+      break;
+    case ActionKind::JoinGathers:  // timed as communication (TimedComm): the compute stream's wait
+      groups_.join(CommKind::Gathers);
+      break;
+    case ActionKind::Release:
+      for (int g = a.begin; g < a.end; ++g) params_.release_weights(g);
+      break;
+    case ActionKind::GradSlot:
+      for (int g = a.begin; g < a.end; ++g) {
+        if (!params_.sliced()) {
+          streamed_slot(g, a.micro_batch);
+          continue;
+        }
+        params_.bind_grads(g);
+        for (int p : params_.group_params(g)) timed_.fill(params_.padded_grad(p), 0);
+      }
+      break;
+    case ActionKind::ReduceScatter:
+      for (int g = a.begin; g < a.end; ++g) reduce_scatter(g);
+      break;
+    case ActionKind::ReadLosses: {
+      {
+        // Reading the losses waits for the step's device work, NCCL collectives included: a
+        // peer that hangs shows up here, so the watchdog times it.
+        std::optional<ScopedCollective> watch;
+        if (groups_.watchdog) watch.emplace(*groups_.watchdog, "the step's device work");
+        r.losses = model_.take_losses();
+      }
+      double sums[3] = {r.losses.ce_sum, r.losses.aux, r.losses.z};
+      groups_.world_host().all_reduce_host(sums, 3, Comm::Op::Sum);
+      r.losses = {sums[0], sums[1], sums[2]};
+      break;
+    }
+    default: MOP_CHECK(false, "a step's gradients or evaluation cannot run ", action_name(a.kind));
+  }
+}
+
 LossTerms StepSchedule::gradients(const std::function<Batch(int)>& micro_batch, float ce_scale,
                                   float aux_scale) {
-  std::optional<Transformer::Pass> pass;
-  LossTerms lt;
-  for (const Action& a : program_.gradients) {
-    switch (a.kind) {
-      case ActionKind::ZeroGrads:
-        // Zeroed by the overlapped update of the last step, or here; the first micro-batch writes
-        // the experts' gradients.
-        {
-          // Sliced over several replicas: the whole gradients' slots (padding included), which no
-          // update reads. The others (and one replica's slices, which are the gradients) unless
-          // the overlapped update zeroed them after reading them.
-          const bool zeroed = std::exchange(grads_zeroed_, false);
-          for (int p = 0; p < params_.num_params(); ++p)
-            if (params_.sliced() && params_.slice_count(p) > 1) timed_.fill(params_.padded_grad(p), 0);
-            else if (!zeroed && !model_.writes_gradient(p) && !params_.grad_pooled(p))
-              timed_.fill(optim_.update_grad(p), 0);
-        }
-        break;
-      case ActionKind::BeginForward:
-        pass = model_.begin(micro_batch(a.micro_batch), aux_scale, /*training=*/true, ce_scale,
-                            /*write_experts=*/a.micro_batch == 0);
-        timed_.set_phase(StepPhase::Forward);
-        break;
-      case ActionKind::WeightsReady:
-        for (int s = a.begin; s < a.end; ++s) pipeline_->weights_ready(s);
-        break;
-      case ActionKind::WaitUpdate:
-        for (int s = a.begin; s < a.end; ++s) wait_update(s);
-        break;
-      case ActionKind::Forward: model_.forward(*pass, a.begin, a.end); break;
-      case ActionKind::BeginBackward:
-        // The backward writes gradients: every segment's update has zeroed its own.
-        wait_updates();
-        timed_.set_phase(StepPhase::Backward);
-        break;
-      case ActionKind::Backward: model_.backward(*pass, a.begin, a.end); break;
-      case ActionKind::ReduceGrads:
-        for (int s = a.begin; s < a.end; ++s) reduce_segment(s);
-        break;
-      case ActionKind::JoinReduce:
-        reducer_->join();  // timed as communication (TimedComm): the time the compute stream waits
-        break;
-      case ActionKind::GradsToHost:
-        for (int s = a.begin; s < a.end; ++s) pipeline_->grads_final(s, [this](int p) { return params_.grad(p); });
-        break;
-      case ActionKind::StashGrads:
-        for (int s = a.begin; s < a.end; ++s) stash(s);
-        break;
-      case ActionKind::GradNorms:
-        for (int s = a.begin; s < a.end; ++s)
-          for (int p : segment_params_[size_t(s)]) optim_.take_norm(p);
-        break;
-      case ActionKind::ReleaseGrads:
-        for (int g = a.begin; g < a.end; ++g) params_.release_grads(g);
-        break;
-      case ActionKind::Gather:
-        for (int g = a.begin; g < a.end; ++g) gather(g, /*async=*/true);
-        break;
-      case ActionKind::JoinGathers:  // timed as communication (TimedComm): the compute stream's wait
-        groups_.join(CommKind::Gathers);
-        break;
-      case ActionKind::Release:
-        for (int g = a.begin; g < a.end; ++g) params_.release_weights(g);
-        break;
-      case ActionKind::GradSlot:
-        for (int g = a.begin; g < a.end; ++g) {
-          if (!params_.sliced()) {
-            streamed_slot(g, a.micro_batch);
-            continue;
-          }
-          params_.bind_grads(g);
-          for (int p : params_.group_params(g)) timed_.fill(params_.padded_grad(p), 0);
-        }
-        break;
-      case ActionKind::ReduceScatter:
-        for (int g = a.begin; g < a.end; ++g) reduce_scatter(g);
-        break;
-      case ActionKind::ReadLosses: {
-        {
-          // Reading the losses waits for the step's device work, NCCL collectives included: a
-          // peer that hangs shows up here, so the watchdog times it.
-          std::optional<ScopedCollective> watch;
-          if (groups_.watchdog) watch.emplace(*groups_.watchdog, "the step's device work");
-          lt = model_.take_losses();
-        }
-        double sums[3] = {lt.ce_sum, lt.aux, lt.z};
-        groups_.world_host().all_reduce_host(sums, 3, Comm::Op::Sum);
-        lt = {sums[0], sums[1], sums[2]};
-        break;
-      }
-      default: MOP_CHECK(false, "a step's gradients cannot run ", action_name(a.kind));
-    }
-  }
-  return lt;
+  Run r;
+  r.begin = [&](int m) {
+    return model_.begin(micro_batch(m), aux_scale, /*training=*/true, ce_scale, /*write_experts=*/m == 0);
+  };
+  for (const Action& a : program_.gradients) run(a, r);
+  return r.losses;
 }
 
 void StepSchedule::evaluate(const Batch& batch) {
-  const Transformer::Pass pass = model_.begin(batch, 0.0f, /*training=*/false);
-  const int S = num_segments(params_.layout().dims);
-  if (!params_.sliced()) return model_.forward(pass, 0, S);
-  const int tied = params_.num_gather_groups() > S ? S : -1;
-  for (int s = 0; s < S; ++s) {
-    if (pipeline_) pipeline_->weights_ready(s);
-    if (tied >= 0 && s == 0) gather(tied);
-    gather(s);
-    model_.forward(pass, s, s + 1);
-    params_.release_weights(s);
-  }
-  if (tied >= 0) params_.release_weights(tied);
+  Run r;
+  r.begin = [&](int) { return model_.begin(batch, 0.0f, /*training=*/false); };
+  for (const Action& a : eval_) run(a, r);
 }
 
 StepReport StepSchedule::apply(float lr) {

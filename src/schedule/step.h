@@ -10,6 +10,7 @@
 //        (HostPipeline::grads_final);
 //     3. the compute stream waits for the sums;
 //     4. the losses are read (watched: a hung peer shows up here) and summed over the ranks.
+//   evaluate() runs evaluation's program (a forward of one batch) through the same actions.
 //   apply() runs its apply part:
 //     5. the optimizer: global norm, clipping, non-finite check, the device-held state's AdamW —
 //        with optim.overlap and every parameter's state with the backend (no host state, no
@@ -23,6 +24,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "model/transformer.h"
@@ -54,7 +56,9 @@ class StepSchedule {
   // ce_scale weights each unmasked token's cross-entropy, aux_scale the router losses of a
   // micro-batch. Returns the loss sums over all ranks.
   LossTerms gradients(const std::function<Batch(int)>& micro_batch, float ce_scale, float aux_scale);
-  // A forward without gradients (evaluation), segment by segment, gathering sliced weights.
+  // A forward without gradients (evaluation): the evaluation program (plan/program.h,
+  // make_eval_program) — per segment what its weights wait for, their gathers (sliced), its
+  // forward — run by the same actions as the step's.
   void evaluate(const Batch& batch);
   // Steps 5–7.
   StepReport apply(float lr);
@@ -69,15 +73,24 @@ class StepSchedule {
   // step before), on its own stream; 0 without one. Read after apply().
   double update_stream_seconds() const { return update_stream_seconds_; }
   const StepProgram& program() const { return program_; }
+  const std::vector<Action>& eval_program() const { return eval_; }
   HostPipeline* host_pipeline() { return pipeline_.get(); }
   const HostPipeline* host_pipeline() const { return pipeline_.get(); }
 
  private:
+  // A program's run: how its micro-batches begin (training or evaluation), the model's pass over
+  // the current one, the losses it read.
+  struct Run {
+    std::function<Transformer::Pass(int)> begin;  // micro-batch m's pass
+    std::optional<Transformer::Pass> pass;
+    LossTerms losses;
+  };
+  void run(const Action& a, Run& r);
   void reduce_segment(int segment);
   // Sliced parameters: gather group g's weights into their slot; sum its gradients over the
   // replicas into each one's slice and free the slot.
   Comm& replicas(int p) const;
-  void gather(int group, bool async = false);  // async: on the gathers' stream where there is one
+  void gather(int group, bool async);  // async: on the gathers' stream where there is one
   void reduce_scatter(int group);
   // Streamed gradients (optim.gradients: host): a group's slot for micro-batch m; a segment's
   // running sums to the host; parameter p's running sum there.
@@ -90,6 +103,7 @@ class StepSchedule {
 
   const Plan& plan_;
   const StepProgram program_;
+  const std::vector<Action> eval_;  // evaluation's program, of the step's shape
   Transformer& model_;
   ParamStore& params_;
   Optimizer& optim_;

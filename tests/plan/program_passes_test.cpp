@@ -297,3 +297,144 @@ TEST_CASE("program passes: every shape's program equals the pre-redesign generat
   CHECK(sliced > 300);
   CHECK(streamed > 300);
 }
+
+namespace {
+
+Plan tiny_plan(const std::vector<std::string>& overrides) {
+  const Config cfg = load_config(std::string(MOP_SOURCE_DIR) + "/configs/tiny.yaml", overrides);
+  return make_plan(cfg, builtin_machine("cpu"), 1);
+}
+
+// "name[ segment][ mMB][ (stream)]" per action, joined by " | "; the compute stream left out.
+std::string compact(const std::vector<Action>& actions) {
+  std::string out;
+  for (const Action& a : actions) {
+    if (!out.empty()) out += " | ";
+    out += action_name(a.kind);
+    if (a.begin >= 0) out += " " + std::to_string(a.begin);
+    if (a.micro_batch >= 0) out += " m" + std::to_string(a.micro_batch);
+    if (a.stream != StreamKind::Compute) out += std::string(" (") + stream_name(a.stream) + ")";
+  }
+  return out;
+}
+
+// The parameter store the trainer builds for a one-rank plan (train/trainer.cpp), sizes only.
+ParamStore plan_store(const Plan& plan, const ModelLayout& layout) {
+  if (plan.parallel.sliced())
+    return ParamStore(layout, DType::F32, DType::F32, MemKind::Host,
+                      param_slices(plan.parallel, 0, plan.micro_batches, /*allocate=*/false));
+  if (plan.stream_grads)
+    return ParamStore(layout, DType::F32, DType::F32, MemKind::Host, PooledGrads{plan.streamed_segments(), false});
+  return ParamStore(layout, DType::F32, DType::F32, MemKind::Host, /*allocate=*/false);
+}
+
+}  // namespace
+
+TEST_CASE("program passes: the program's slots are the parameter store's", "[cpu][plan]") {
+  for (const bool tied : {false, true})
+    for (const int mb : {1, 3})
+      for (const std::string& mode : {"whole", "slice", "streamed"}) {
+        INFO("tied " << tied << " micro-batches " << mb << " " << mode);
+        std::vector<std::string> o = {"train.global_batch_size=" + std::to_string(8 * mb),
+                                      std::string("model.tie_embeddings=") + (tied ? "true" : "false")};
+        if (mode == "slice") o.push_back("parallel.shard=slice");
+        if (mode == "streamed") o.push_back("optim.state_placement=host"), o.push_back("optim.gradients=host");
+        const Plan plan = tiny_plan(o);
+        REQUIRE(plan.micro_batches == mb);
+        REQUIRE(plan.parallel.sliced() == (mode == "slice"));
+        REQUIRE(plan.stream_grads == (mode == "streamed"));
+        const ModelLayout layout = ModelLayout::build(plan.dims);
+        const StepProgram p = make_step_program(plan, 0);
+        CHECK(p.slots == plan_store(plan, layout).slots());
+        CHECK(p.slots.shared_weights == (mode == "slice" ? kSharedSlots : 0));
+        CHECK(p.slots.tied_weights == (mode == "slice" && tied));
+        CHECK(p.slots.grads_per_group == (mode == "slice" && mb > 1));
+        const bool pooled = (mode == "slice" && mb == 1) || mode == "streamed";
+        CHECK(p.slots.shared_grads == (pooled ? kSharedSlots : 0));
+        CHECK(p.slots.tied_grads == (pooled && tied));
+      }
+}
+
+TEST_CASE("program passes: evaluation's program, whole parameters", "[cpu][plan]") {
+  // A forward of one batch, each segment after what its weights wait for.
+  const Plan plain = tiny_plan({"optim.overlap=false"});
+  CHECK(compact(make_eval_program(program_shape(plain, 0))) ==
+        "begin-forward m0 | forward 0 m0 | forward 1 m0 | forward 2 m0 | forward 3 m0 | forward 4 m0 | forward 5 m0");
+  const Plan overlapped = tiny_plan({});
+  REQUIRE(program_shape(overlapped, 0).device_update_overlapped);
+  CHECK(compact(make_eval_program(program_shape(overlapped, 0))) ==
+        "begin-forward m0 | wait-update 0 m0 | forward 0 m0 | wait-update 1 m0 | forward 1 m0 | wait-update 2 m0 | "
+        "forward 2 m0 | wait-update 3 m0 | forward 3 m0 | wait-update 4 m0 | forward 4 m0 | wait-update 5 m0 | "
+        "forward 5 m0");
+  const Plan host = tiny_plan({"optim.state_placement=host"});
+  CHECK(compact(make_eval_program(program_shape(host, 0))) ==
+        "begin-forward m0 | weights-ready 0 m0 | forward 0 m0 | weights-ready 1 m0 | forward 1 m0 | weights-ready 2 m0 | "
+        "forward 2 m0 | weights-ready 3 m0 | forward 3 m0 | weights-ready 4 m0 | forward 4 m0 | weights-ready 5 m0 | "
+        "forward 5 m0");
+}
+
+TEST_CASE("program passes: evaluation's program, sliced parameters, against the store's slots", "[cpu][plan]") {
+  // The gathers one segment ahead, as in the step's forward; every segment released after its
+  // forward (no backward follows), the tied embedding's after the head's.
+  const Plan plan = tiny_plan({"parallel.shard=slice", "optim.overlap=false"});
+  CHECK(compact(make_eval_program(program_shape(plan, 0))) ==
+        "begin-forward m0 | gather 0 m0 (gathers) | join-gathers m0 | gather 1 m0 (gathers) | forward 0 m0 | "
+        "release 0 m0 | join-gathers m0 | gather 2 m0 (gathers) | forward 1 m0 | release 1 m0 | join-gathers m0 | "
+        "gather 3 m0 (gathers) | forward 2 m0 | release 2 m0 | join-gathers m0 | gather 4 m0 (gathers) | "
+        "forward 3 m0 | release 3 m0 | join-gathers m0 | gather 5 m0 (gathers) | forward 4 m0 | release 4 m0 | "
+        "join-gathers m0 | forward 5 m0 | release 5 m0");
+  const Plan tied = tiny_plan({"parallel.shard=slice", "model.tie_embeddings=true", "optim.state_placement=host"});
+  CHECK(compact(make_eval_program(program_shape(tied, 0))).find(
+            "begin-forward m0 | weights-ready 0 m0 | gather 6 m0 (gathers) | gather 0 m0 (gathers) | join-gathers m0 | "
+            "weights-ready 1 m0 | gather 1 m0 (gathers) | forward 0 m0 | release 0 m0 |") == 0);
+
+  for (const bool with_tied : {false, true})
+    for (const int mb : {1, 3})
+      for (const std::string& placement : {"auto", "host"})
+        for (const bool overlap : {false, true}) {
+          INFO("tied " << with_tied << " micro-batches " << mb << " " << placement << " overlap " << overlap);
+          const Plan q = tiny_plan({"parallel.shard=slice", "train.global_batch_size=" + std::to_string(8 * mb),
+                                    std::string("model.tie_embeddings=") + (with_tied ? "true" : "false"),
+                                    "optim.state_placement=" + placement,
+                                    std::string("optim.overlap=") + (overlap ? "true" : "false")});
+          const ProgramShape shape = program_shape(q, 0);
+          const ModelLayout layout = ModelLayout::build(q.dims);
+          ParamStore store = plan_store(q, layout);
+          const int S = shape.segments, groups = store.num_gather_groups();
+          std::vector<int> gathered(size_t(groups), 0), forwards(size_t(S), 0);
+          std::vector<char> waited(size_t(S), 0);
+          std::set<int> in_flight;  // gathers issued and not joined yet
+          const std::vector<Action> eval = make_eval_program(shape);
+          for (const Action& a : eval) {
+            switch (a.kind) {
+              case ActionKind::WeightsReady:
+              case ActionKind::WaitUpdate: waited[size_t(a.begin)] = 1; break;
+              case ActionKind::Gather: {
+                const int s = a.begin == S ? 0 : a.begin;
+                // The slices a gather reads are this step's: their update waited for.
+                CHECK(waited[size_t(s)] == (shape.host_segments[size_t(s)] || shape.device_update_overlapped));
+                store.bind_weights(a.begin);  // throws with no free slot
+                in_flight.insert(a.begin);
+                ++gathered[size_t(a.begin)];
+                break;
+              }
+              case ActionKind::JoinGathers: in_flight.clear(); break;
+              case ActionKind::Release: store.release_weights(a.begin); break;
+              case ActionKind::Forward:
+                CHECK(store.weights_bound(a.begin));
+                CHECK(!in_flight.count(a.begin));
+                if (with_tied && (a.begin == 0 || a.begin == S - 1)) {
+                  CHECK(store.weights_bound(S));
+                  CHECK(!in_flight.count(S));
+                }
+                ++forwards[size_t(a.begin)];
+                break;
+              case ActionKind::BeginForward: break;
+              default: FAIL("evaluation runs " << action_name(a.kind));
+            }
+          }
+          for (int g = 0; g < groups; ++g) CHECK(gathered[size_t(g)] == 1);
+          for (int g = 0; g < groups; ++g) CHECK(!store.weights_bound(g));
+          for (int s = 0; s < S; ++s) CHECK(forwards[size_t(s)] == 1);
+        }
+}
