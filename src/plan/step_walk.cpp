@@ -33,7 +33,8 @@ class Walk {
     r_ = WalkResult();
     t_ = 0, gathers_ = sums_ = copy_ = 0;
     const int S = p_.shape.segments;
-    slot_free_.assign(3, 0.0), slot_owner_.assign(3, -1), slot_freed_order_.assign(3, 0);
+    const size_t slots = size_t(p_.slots.shared_grads + 1);  // and the tied embedding's
+    slot_free_.assign(slots, 0.0), slot_owner_.assign(slots, -1), slot_freed_order_.assign(slots, 0);
     group_slot_.assign(size_t(S + 1), -1), group_copy_end_.assign(size_t(S + 1), 0.0);
     stashed_.assign(size_t(S), 0.0), to_host_done_.assign(size_t(S), 0.0);
     for (const Action& a : p_.gradients) run(a, in);
@@ -54,16 +55,20 @@ class Walk {
   void wait(double until, double& exposed) {
     if (until > t_) exposed += until - t_, t_ = until;
   }
-  // A gradient slot for group g (the tied embedding's group has its own): the store's choice.
+  // A gradient slot for group g, of those the program declares (the tied embedding's group has its
+  // own): the store's choice, of the free ones the one freed longest ago.
   void take_slot(int g) {
-    const bool own = g == p_.shape.segments;
-    int slot = 2;
-    if (!own) {
-      slot = slot_owner_[0] < 0 ? 0 : slot_owner_[1] < 0 ? 1 : -1;
-      if (slot_owner_[0] < 0 && slot_owner_[1] < 0 && slot_freed_order_[1] < slot_freed_order_[0])
-        slot = 1;
+    const int shared = p_.slots.shared_grads;
+    int slot = shared;  // the tied embedding's
+    if (g != p_.shape.segments) {
+      slot = -1;
+      for (int i = 0; i < shared; ++i)
+        if (slot_owner_[size_t(i)] < 0 &&
+            (slot < 0 || slot_freed_order_[size_t(i)] < slot_freed_order_[size_t(slot)]))
+          slot = i;
     }
-    MOP_CHECK(slot >= 0, "the step program takes a third gradient slot for group ", g);
+    MOP_CHECK(slot >= 0, "the step program takes a gradient slot for group ", g, " with its ", shared,
+              " in use");
     slot_owner_[size_t(slot)] = g, group_slot_[size_t(g)] = slot;
     wait(slot_free_[size_t(slot)], r_.slots);
   }
