@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -66,6 +67,19 @@ std::string did_you_mean(const std::string& path, const std::vector<std::string>
 }
 
 namespace {
+
+// The nearest choice to a value, where the names other tools use come first: PyTorch's "gpu" is
+// cuda here, and a state placement of "cuda" is gpu (spelling alone would suggest cpu for both).
+std::string value_did_you_mean(const std::string& value, const std::vector<std::string>& choices) {
+  static const std::pair<const char*, const char*> kSynonyms[] = {
+      {"gpu", "cuda"}, {"nvidia", "cuda"}, {"device", "cuda"}, {"cuda", "gpu"}, {"device", "gpu"}, {"cpu", "host"}};
+  std::string lower = value;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  for (const auto& [from, to] : kSynonyms)
+    if (lower == from && std::find(choices.begin(), choices.end(), to) != choices.end())
+      return std::string(" (did you mean ") + to + "?)";
+  return did_you_mean(value, choices);
+}
 
 std::string shortest_double(double v) {
   char buf[40];
@@ -231,7 +245,7 @@ class Loader {
         std::string s = node.IsNull() ? std::string() : scalar();
         if (!f.choices.empty() && !f.open_choices &&
             std::find(f.choices.begin(), f.choices.end(), s) == f.choices.end())
-          bad("'" + s + "' is not one of " + join(f.choices) + did_you_mean(s, f.choices));
+          bad("'" + s + "' is not one of " + join(f.choices) + value_did_you_mean(s, f.choices));
         *static_cast<std::string*>(f.ptr) = s;
         break;
       }
@@ -469,10 +483,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 void validate_parallel(const Config& c, int world_size) {
   const auto& a = c.parallel.attention;
   const auto& m = c.parallel.moe;
+  const std::string fix = "; give foldings that multiply to " + std::to_string(world_size) +
+                          ", or set train.plan: auto to have the plan choose those the config does not give";
   MOP_USER_CHECK(a.cp * a.dp == world_size, "parallel.attention: cp (", a.cp, ") × dp (", a.dp,
-                 ") = ", a.cp * a.dp, " must equal the number of ranks (", world_size, ")");
+                 ") = ", a.cp * a.dp, " must equal the number of ranks (", world_size, ")", fix);
   MOP_USER_CHECK(m.ep * m.dp == world_size, "parallel.moe: ep (", m.ep, ") × dp (", m.dp, ") = ",
-                 m.ep * m.dp, " must equal the number of ranks (", world_size, ")");
+                 m.ep * m.dp, " must equal the number of ranks (", world_size, ")", fix);
   MOP_USER_CHECK(c.moe.num_experts % m.ep == 0, "parallel.moe.ep: ", m.ep,
                  " does not divide moe.num_experts (", c.moe.num_experts, ")");
   for (const GrowthStage& st : c.moe.growth)

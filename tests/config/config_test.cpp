@@ -102,6 +102,10 @@ TEST_CASE("config: bad input names the path and value", "[cpu][config]") {
   CHECK(error_of("model: {num_heads: 4, num_kv_heads: 2}\nparallel: {attention: {cp: 2, impl: ulysses}}") == "");
   CHECK(error_of("parallel: {attention: {impl: rings}}") ==
         "cfg.yaml:1: parallel.attention.impl: 'rings' is not one of auto, ulysses or ring (did you mean ring?)");
+  // The names other tools give a device come first: PyTorch's gpu is cuda here (not cpu by spelling).
+  CHECK(error_of("", {"train.device=gpu"}) == "--set train.device: 'gpu' is not one of auto, cpu or cuda (did you mean cuda?)");
+  CHECK(error_of("", {"optim.state_placement=cuda"}) ==
+        "--set optim.state_placement: 'cuda' is not one of auto, gpu or host (did you mean gpu?)");
   // Attention in query tiles: the tile divides the sequence; ring attention runs its own blocks.
   CHECK(error_of("data: {seq_len: 96}\ntrain: {attention_tile: 40}") ==
         "train.attention_tile: 40 tokens do not divide data.seq_len (96); use a divisor, 0 (whole "
@@ -172,10 +176,12 @@ TEST_CASE("config: parallel foldings must match the number of ranks", "[cpu][con
     validate_parallel(c, 8);
     FAIL("no error");
   } catch (const UserError& e) {
-    CHECK(std::string(e.what()) == "parallel.attention: cp (2) × dp (2) = 4 must equal the number of ranks (8)");
+    CHECK(std::string(e.what()) == "parallel.attention: cp (2) × dp (2) = 4 must equal the number of ranks (8)"
+                                   "; give foldings that multiply to 8, or set train.plan: auto to have the plan choose those the config does not give");
   }
   Config e = load_config_text("parallel: {moe: {ep: 3}}");
-  CHECK_THROWS_WITH(validate_parallel(e, 3), "parallel.attention: cp (1) × dp (1) = 1 must equal the number of ranks (3)");
+  CHECK_THROWS_WITH(validate_parallel(e, 3), "parallel.attention: cp (1) × dp (1) = 1 must equal the number of ranks (3)"
+                                             "; give foldings that multiply to 3, or set train.plan: auto to have the plan choose those the config does not give");
   Config g = load_config_text("parallel: {attention: {dp: 3}, moe: {dp: 3}}\ntrain: {global_batch_size: 8, micro_batch_size: 1}");
   CHECK_THROWS_WITH(validate_parallel(g, 3),
                     "train.global_batch_size: 8 is not a multiple of train.micro_batch_size (1) × parallel.attention.dp (3)");

@@ -169,5 +169,6 @@ TEST_CASE("mesh: dimensions are checked against the world", "[cpu]") {
   CHECK((of.dims().cp == 2 && of.dims().dp == 2 && of.dims().ep == 4 && of.dims().edp == 1 &&
          of.dims().pp == 1));
   CHECK_THROWS_WITH(Mesh::of(c, 8),
-                    "parallel.attention: cp (2) × dp (2) = 4 must equal the number of ranks (8)");
+                    "parallel.attention: cp (2) × dp (2) = 4 must equal the number of ranks (8)"
+                    "; give foldings that multiply to 8, or set train.plan: auto to have the plan choose those the config does not give");
 }
