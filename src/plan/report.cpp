@@ -1,10 +1,14 @@
-// Plan reports (see report.h).
+// Plan reports (see report.h): a plan as text and JSON, the search's ranked table, a step program.
 #include "plan/report.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
+
+#include "core/format.h"
 
 #include "model/params.h"
 #include "model/tiled_attention.h"
@@ -20,8 +24,15 @@ std::string printf_str(const char* fmt, double a, double b = 0, double c = 0) {
   return buf;
 }
 
-std::string ms(double seconds) { return printf_str("%.0f ms", 1e3 * seconds); }
+std::string ms(double seconds) { return grouped(1e3 * seconds) + " ms"; }
 std::string gib(double bytes) { return format_bytes(bytes); }
+
+// Characters on the screen: UTF-8 continuation bytes take none.
+size_t display_width(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
 
 // The parameters of each report component: where their weights, gradients and state live.
 enum Comp { kEmbedding, kAttention, kRouter, kExperts, kDenseFfn, kLmHead, kNumComp };
@@ -233,8 +244,8 @@ std::string plan_text(const Plan& p) {
          (t.host_two_pass ? " + " + ms(t.host_state) + " state pass" : std::string()) + ", " +
          ms(t.host_exposed) + " exposed; gradients to the host " + ms(t.grad_to_host) +
          ", weights back " + ms(t.weights_to_device) + " (overlapped)\n";
-  o += "  step " + ms(t.step) + printf_str(" → %.0f tokens/s (%.0f per rank)", t.tokens_per_second(p),
-                                           t.tokens_per_second(p) / p.world) +
+  o += "  step " + ms(t.step) + " → " + grouped(t.tokens_per_second(p)) + " tokens/s (" +
+       grouped(t.tokens_per_second(p) / p.world) + " per rank)" +
        printf_str(", model %.0f TFLOP/s per rank, MFU %.1f%%\n",
                   p.model_flops_per_step() / t.step / p.world / 1e12, 100 * t.mfu(p));
   return o;
@@ -244,6 +255,9 @@ Json plan_json(const Plan& p) {
   Json j = Json::object();
   j["machine"] = p.machine.name;
   j["ranks"] = p.world;
+  Json notes = Json::array();
+  for (const std::string& n : p.notes) notes.push_back(n);
+  j["notes"] = notes;
   j["device"] = std::string(device_name(p.run.device));
   Json f = Json::object();
   f["cp"] = p.cp, f["dp"] = p.dp, f["ep"] = p.ep, f["edp"] = p.edp;
@@ -323,31 +337,46 @@ Json plan_json(const Plan& p) {
 
 std::string search_text(const SearchResult& r, int top) {
   std::string o;
-  o += "searched " + std::to_string(r.feasible.size() + r.rejected.size()) + " plans over";
+  o += "searched " + grouped(double(r.feasible.size() + r.rejected.size())) + " plans over";
   for (const std::string& k : r.open_keys) o += " " + k;
-  o += ": " + std::to_string(r.feasible.size()) + " fit, " + std::to_string(r.rejected.size()) + " do not\n\n";
-  char line[320];
-  std::snprintf(line, sizeof line, "%4s  %-64s %10s %12s %7s %11s %11s\n", "rank", "settings", "step",
-                "tokens/s", "MFU", "device mem", "host mem");
-  o += line;
-  for (int i = 0; i < int(r.feasible.size()) && i < top; ++i) {
-    const Plan& p = r.feasible[size_t(i)].plan;
-    std::snprintf(line, sizeof line, "%4d  %-64s %10s %12.0f %6.1f%% %11s %11s\n", i + 1,
-                  r.feasible[size_t(i)].settings.c_str(), ms(p.time.step).c_str(), p.time.tokens_per_second(p),
-                  100 * p.time.mfu(p), gib(double(p.memory.device_total())).c_str(),
-                  gib(double(p.memory.host_total())).c_str());
-    o += line;
+  o += ": " + grouped(double(r.feasible.size())) + " fit, " + grouped(double(r.rejected.size())) + " do not\n\n";
+  // The columns as wide as their widest cell, so that they line up whatever the settings.
+  const int shown = std::min<int>(top, int(r.feasible.size()));
+  std::vector<std::array<std::string, 7>> rows;
+  rows.push_back({"#", "settings", "step", "tokens/s", "MFU", "device mem", "host mem"});
+  for (int i = 0; i < shown; ++i) {
+    const Candidate& c = r.feasible[size_t(i)];
+    const Plan& p = c.plan;
+    rows.push_back({std::to_string(i + 1), c.settings, ms(p.time.step), grouped(p.time.tokens_per_second(p)),
+                    printf_str("%.1f%%", 100 * p.time.mfu(p)), gib(double(p.memory.device_total())),
+                    gib(double(p.memory.host_total()))});
+  }
+  std::array<size_t, 7> width{};
+  for (const auto& row : rows)
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], display_width(row[c]));
+  for (const auto& row : rows) {
+    if (shown == 0) break;
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      // The settings to the left, the figures to the right.
+      const std::string pad(width[c] - display_width(row[c]), ' ');
+      line.append(c == 0 ? 1 : 2, ' ');
+      line += c == 1 ? row[c] + pad : pad + row[c];
+    }
+    o += line + "\n";
   }
   if (!r.rejected.empty()) {
     std::map<std::string, std::vector<const Candidate*>> groups;
     for (const Candidate& c : r.rejected) groups[c.group].push_back(&c);
     o += "\nrejected:\n";
     for (const auto& [key, list] : groups) {
-      o += "  " + std::to_string(list.size()) + " × " + (key.find("memory") != std::string::npos
+      o += "  " + grouped(double(list.size())) + " × " + (key.find("memory") != std::string::npos
                                                             ? "do not fit in " + key
                                                             : key) + "\n";
-      for (size_t i = 0; i < list.size() && i < 2; ++i)
-        o += "      " + list[i]->settings + ": " + list[i]->why + "\n";
+      // A few examples, each with a reason of its own.
+      std::set<std::string> told;
+      for (size_t i = 0; i < list.size() && told.size() < 3; ++i)
+        if (told.insert(list[i]->why).second) o += "      " + list[i]->settings + ": " + list[i]->why + "\n";
     }
   }
   return o;

@@ -1,5 +1,6 @@
 // Plan search (see search.h): the cross product of the open keys' values, each planned with
-// make_plan (without the fit check), split into fitting and rejected plans.
+// make_plan (without the fit check), split into fitting and rejected plans; and what would make a
+// plan fit where none does (other world sizes, the nearest batch size that divides).
 #include "plan/search.h"
 
 #include <algorithm>
@@ -172,10 +173,68 @@ SearchResult search_plans(const Config& base, const Machine& machine, int world)
                       out.feasible.push_back(std::move(cand));
                     }
               }
+  // Fastest first; of plans equally fast, the one that takes less memory (device, then host).
   std::stable_sort(out.feasible.begin(), out.feasible.end(), [](const Candidate& x, const Candidate& y) {
-    return x.plan.time.step < y.plan.time.step;
+    if (x.plan.time.step != y.plan.time.step) return x.plan.time.step < y.plan.time.step;
+    if (x.plan.memory.device_total() != y.plan.memory.device_total())
+      return x.plan.memory.device_total() < y.plan.memory.device_total();
+    return x.plan.memory.host_total() < y.plan.memory.host_total();
   });
   return out;
+}
+
+namespace {
+
+// Whether some plan fits `world` ranks: the search over the keys the config leaves open, with
+// those that only trade memory for time (micro-batch size, recompute, state placement, the
+// exchange budget) held at their most frugal values, so that it stays fast.
+bool some_plan_fits(const Config& base, const Machine& machine, int world) {
+  Config c = base;
+  auto frugal = [&](const char* key, auto set) {
+    if (c.is_pinned(key)) return;
+    set();
+    c.pinned.insert(key);
+  };
+  frugal("train.micro_batch_size", [&] { c.train.micro_batch_size = 1; });
+  frugal("train.recompute", [&] { c.train.recompute = true; });
+  frugal("optim.state_placement", [&] { c.optim.state_placement = "auto"; });
+  frugal("parallel.moe.exchange_budget", [&] { c.parallel.moe.exchange_budget = 2; });
+  return !search_plans(c, machine, world).feasible.empty();
+}
+
+}  // namespace
+
+FitAdvice fit_advice(const Config& cfg, int world, int gpus_per_node, bool batch,
+                     const std::function<Machine(int)>& machine_for) {
+  FitAdvice a;
+  const int node = std::max(1, gpus_per_node);
+  auto fits = [&](const Config& c, int w) {
+    try {
+      return some_plan_fits(c, machine_for(w), w);
+    } catch (const UserError&) {
+      return false;
+    }
+  };
+  // Fewer ranks: the most that fit (a batch that divides over fewer, say).
+  for (int w = world - 1; w >= 1 && !a.fewer; --w)
+    if (w <= node || w % node == 0) a.fewer = fits(cfg, w) ? w : 0;
+  // More: within a node, then whole nodes, up to kMaxNodes of them.
+  constexpr int kMaxNodes = 64;
+  for (int w = world + 1; w <= node * kMaxNodes && !a.more; ++w)
+    if (w <= node || w % node == 0) a.more = fits(cfg, w) ? w : 0;
+  // The global batch: the nearest sizes below and above that have a plan at `world`.
+  constexpr int64_t kBatchSteps = 16;
+  const int64_t gbs = cfg.train.global_batch_size;
+  for (int64_t d = 1; batch && d <= kBatchSteps && (!a.batch_below || !a.batch_above); ++d) {
+    for (int64_t b : {gbs - d, gbs + d}) {
+      if (b < 1 || (b < gbs ? a.batch_below : a.batch_above)) continue;
+      Config c = cfg;
+      c.train.global_batch_size = b;
+      if (!c.is_pinned("train.micro_batch_size") || b % c.train.micro_batch_size == 0)
+        if (fits(c, world)) (b < gbs ? a.batch_below : a.batch_above) = b;
+    }
+  }
+  return a;
 }
 
 }  // namespace mop

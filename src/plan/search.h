@@ -5,6 +5,7 @@
 // setting that is not valid for this model). Keys the config sets are never changed.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,5 +28,18 @@ struct SearchResult {
 };
 
 SearchResult search_plans(const Config& cfg, const Machine& machine, int world);
+
+// What would make a plan fit where none fits `world` ranks (0: nothing found): the most ranks
+// below `world` and the fewest above it (whole nodes of `gpus_per_node` past one node, at most
+// 64 nodes) with a plan that fits on `machine_for(ranks)`, and with `batch` (the batch did not
+// divide) the nearest train.global_batch_size below and above (16 at most away) with a plan at
+// `world`. Each size is tried with the memory-frugal values of the keys that only trade memory
+// for time (micro-batch 1, recompute, state placement auto, exchange budget 2) where open.
+struct FitAdvice {
+  int fewer = 0, more = 0;
+  int64_t batch_below = 0, batch_above = 0;
+};
+FitAdvice fit_advice(const Config& cfg, int world, int gpus_per_node, bool batch,
+                     const std::function<Machine(int)>& machine_for);
 
 }  // namespace mop

@@ -42,7 +42,12 @@ TEST_CASE("plan search: what does not fit is rejected with its class, the rest r
     CHECK(double(c.plan.memory.device_total()) <= m.device.memory_bytes);
     CHECK(c.plan.time.step > 0);
   }
-  for (size_t i = 1; i < r.feasible.size(); ++i) CHECK(r.feasible[i - 1].plan.time.step <= r.feasible[i].plan.time.step);
+  // Fastest first; of plans equally fast, the one that takes less device memory.
+  for (size_t i = 1; i < r.feasible.size(); ++i) {
+    const Plan &a = r.feasible[i - 1].plan, &b = r.feasible[i].plan;
+    CHECK(a.time.step <= b.time.step);
+    if (a.time.step == b.time.step) CHECK(a.memory.device_total() <= b.memory.device_total());
+  }
   // Keeping every optimizer state on the GPU, unsharded, overflows it.
   int gpu_state = 0;
   for (const Candidate& c : r.rejected)
@@ -77,6 +82,28 @@ TEST_CASE("plan search: pinned keys stay, invalid foldings are rejected as such"
   for (const Candidate& c : r.rejected)
     invalid = invalid || (c.group == "invalid settings" && c.why.find("train.global_batch_size") != std::string::npos);
   CHECK(invalid);
+}
+
+TEST_CASE("plan search: where nothing fits, the nearest world and batch sizes that do", "[cpu][plan]") {
+  // 8 sequences over 12 ranks: no data-parallel size of 12 divides the batch where cp divides the
+  // sequence, so nothing fits; 8 ranks and 16 (two nodes) do, and so do batches of 9 and 6.
+  Config c = q3("data: {seq_len: 4096}\ntrain: {global_batch_size: 8}");
+  c.pinned.erase("train.micro_batch_size");
+  const Machine node = builtin_machine("h200");
+  auto machine_for = [&](int w) {
+    Machine m = node;
+    m.nodes = (w + 7) / 8, m.gpus_per_node = std::min(8, w);
+    return m;
+  };
+  REQUIRE(search_plans(c, machine_for(12), 12).feasible.empty());
+  const FitAdvice a = fit_advice(c, 12, 8, /*batch=*/true, machine_for);
+  CHECK(a.fewer == 8);
+  CHECK(a.more == 16);
+  CHECK(a.batch_below == 6);
+  CHECK(a.batch_above == 9);
+  // Without the batch in question, no batch sizes are tried.
+  const FitAdvice b = fit_advice(c, 12, 8, /*batch=*/false, machine_for);
+  CHECK((b.batch_below == 0 && b.batch_above == 0));
 }
 
 TEST_CASE("plan: a plan that cannot fit is one error naming the class and the settings", "[cpu][plan]") {
