@@ -227,6 +227,7 @@ HfImportedConfig hf_config_to_mop(const Json& hf, const std::string& where) {
   m.head_dim = f.integer_as("head_dim", "model.head_dim", 0);
   m.tie_embeddings = f.boolean("tie_word_embeddings", false);
   m.init_std = std::clamp(f.number("initializer_range", 0.02), 1e-6, 1.0);
+  m.max_position_embeddings = f.integer_as("max_position_embeddings", "model.max_position_embeddings", 0);
   e.top_k = f.integer_as("num_experts_per_tok", "moe.top_k");
   // transformers' load-balancing loss, E·Σ_e f_e·P_e with f_e counting all top-k choices, is
   // top_k at balance; mop's (docs/hugging-face.md: E/(T·k)·Σ_e count_e·P_e) is 1. The same gradient takes
@@ -317,8 +318,10 @@ Json mop_config_to_hf(const Config& cfg, HfArch arch, std::string_view torch_dty
     MOP_USER_CHECK(e.renormalize, "moe.renormalize: false: ", cls,
                    " always renormalises the top-k weights");
   }
-  // Not part of the model's function, but transformers sizes caches by it.
-  const int64_t max_pos = std::max<int64_t>(32768, cfg.data.seq_len);
+  // Not part of the model's function, but transformers sizes caches by it: the imported model's
+  // (so that import → export gives back its config.json), else at least 32768.
+  const int64_t max_pos = m.max_position_embeddings > 0 ? m.max_position_embeddings
+                                                        : std::max<int64_t>(32768, cfg.data.seq_len);
   Json rope = Json::object();
   rope["rope_theta"] = m.rope_theta;
   rope["rope_type"] = "default";

@@ -23,6 +23,9 @@ struct ModelConfig {
   double rms_eps = 1e-6;
   bool tie_embeddings = false;
   double init_std = 0.02;
+  // The context length export-hf writes as config.json's max_position_embeddings (import-hf reads
+  // it); 0: not known. Not used by the model (RoPE has no table).
+  int64_t max_position_embeddings = 0;
 };
 
 // One stage of progressive expert growth (moe.growth): each MoE layer's expert count during it and

@@ -73,6 +73,7 @@ std::vector<FieldSpec> config_schema(Config& c) {
   s.f("model.rms_eps", m.rms_eps, 1e-12, 1e-1, "RMSNorm epsilon.");
   s.b("model.tie_embeddings", m.tie_embeddings, "Share the embedding table with the LM head.");
   s.f("model.init_std", m.init_std, 1e-6, 1, "Standard deviation of the normal initialisation of weight matrices.");
+  s.i("model.max_position_embeddings", m.max_position_embeddings, 0, 1 << 30, "The context length `mop export-hf` writes into config.json as max_position_embeddings; `mop import-hf` sets it from there (set it higher after training on longer sequences). 0: not known (export writes the larger of 32768 and data.seq_len). Training does not use it (RoPE has no table), and a resume ignores a change of it.");
 
   auto& e = c.moe;
   s.i("moe.num_experts", e.num_experts, 1, 1024,

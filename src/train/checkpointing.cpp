@@ -62,8 +62,9 @@ std::string config_key_differences(const Config& saved, const Config& now,
   for (size_t i = 0; i < fa.size(); ++i) {
     bool wanted = false;
     for (const char* p : prefixes) wanted = wanted || fa[i].path.rfind(p, 0) == 0;
-    // The growth schedule is not the model: a stage's expert count is moe.num_experts.
-    if (!wanted || fa[i].path.starts_with("moe.growth")) continue;
+    // The growth schedule is not the model: a stage's expert count is moe.num_experts; nor is the
+    // context length export-hf writes.
+    if (!wanted || fa[i].path.starts_with("moe.growth") || fa[i].path == "model.max_position_embeddings") continue;
     const std::string va = text(fa[i]), vb = text(fb[i]);
     if (va != vb) out += (out.empty() ? "" : ", ") + fa[i].path + " " + va + " → " + vb;
   }

@@ -84,6 +84,9 @@ TEST_CASE("hf: import then export gives back every tensor byte for byte", "[cpu]
           0.001);
     CHECK(hf_config_yaml_fragment(again.config, "") ==
           hf_config_yaml_fragment(imp.imported.config, ""));
+    // The context length comes back as it went in (not a default of 32768).
+    CHECK(read_json_file(tmp.path / "out" / "config.json").at("max_position_embeddings").as_int64() ==
+          read_json_file(tmp.path / "hf" / "config.json").at("max_position_embeddings").as_int64());
   }
 }
 
