@@ -150,20 +150,24 @@ HfImportResult import_hf(const std::string& hf_dir, const std::string& out,
 int cmd_import_hf(const ImportHfArgs& args) {
   HfImportResult r = import_hf(args.dir, args.out);
   const HfImportedConfig& ic = r.imported;
+  // The model/moe YAML alone on stdout (`mop import-hf DIR --out CKPT > model.yaml`); what
+  // happened on stderr.
   std::printf("%s",
               hf_config_yaml_fragment(ic.config, "imported from " + args.dir + " (" +
                                                      std::string(hf_arch_class(ic.arch)) + ")")
                   .c_str());
-  for (const std::string& note : ic.notes) std::printf("note: %s\n", note.c_str());
-  std::printf("imported %s (%s experts, %s, %.2fM parameters) into %s\n",
-              std::string(hf_arch_class(ic.arch)).c_str(),
-              std::string(hf_layout_name(r.layout)).c_str(),
-              ic.dtype.empty() ? "dtype not stated" : ic.dtype.c_str(), double(r.num_params) / 1e6,
-              r.checkpoint_dir.c_str());
-  if (r.tokenizer) std::printf("tokenizer copied from %s/tokenizer.json\n", args.dir.c_str());
-  std::printf(
-      "model config written to %s; fine-tune with: mop train --config YOUR.yaml --resume %s\n",
-      r.yaml_path.c_str(), r.checkpoint_dir.c_str());
+  std::fflush(stdout);
+  for (const std::string& note : ic.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
+  std::fprintf(stderr, "imported %s (%s experts, %s, %.2fM parameters) into %s\n",
+               std::string(hf_arch_class(ic.arch)).c_str(), std::string(hf_layout_name(r.layout)).c_str(),
+               ic.dtype.empty() ? "dtype not stated" : ic.dtype.c_str(), double(r.num_params) / 1e6,
+               r.checkpoint_dir.c_str());
+  if (r.tokenizer) std::fprintf(stderr, "tokenizer copied from %s/tokenizer.json\n", args.dir.c_str());
+  std::fprintf(stderr,
+               "model config written to %s; fine-tune from the import with a config of its model and moe "
+               "sections, your data/train/optim, and checkpoint.init_from: %s (the run's own checkpoint.dir "
+               "keeps its checkpoints, so a restart resumes them)\n",
+               r.yaml_path.c_str(), args.out.c_str());
   return 0;
 }
 
