@@ -48,8 +48,8 @@ void add_job_options(CLI::App* cmd, std::string& config, std::vector<std::string
                      int& gpus, int& nodes) {
   cmd->add_option("-c,--config", config, "YAML config file")->required();
   cmd->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
-  cmd->add_option("--machine", machine, "Machine file of the job's machine (mop calibrate writes one); default: this machine with GPUs, else built-in h200 (cpu for train.device: cpu)");
-  cmd->add_option("--gpus", gpus, "Ranks (GPUs) of the job in all; default: the config's foldings, or every GPU of --nodes")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--machine", machine, "Machine file of the job's machine (mop calibrate writes one); default: this machine's GPUs; without one, the CPU run mop train does here (train.device: auto) or, asked for GPUs, the built-in h200 node");
+  cmd->add_option("--gpus", gpus, "Ranks (GPUs) of the job in all; without a layout in the config for them, the plan chooses it (as --search); default: every GPU of --nodes or of --machine's file, else the config's foldings")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--nodes", nodes, "Nodes of the job; default: the machine file's")->check(CLI::Range(1, 1 << 16));
 }
 
@@ -71,11 +71,9 @@ int main(int argc, char** argv) {
   t->add_option("--machine", train.machine, "Machine file the plan uses (train.machine); default: built in for the device");
 
   mop::ValidateArgs validate;
-  auto* v = app.add_subcommand("validate", "Check a config: resolved values, parameter counts, memory per rank, data");
-  v->add_option("-c,--config", validate.config, "YAML config file")->required();
-  v->add_option("--set", validate.overrides, "Override a config key: section.key=value (repeatable)");
+  auto* v = app.add_subcommand("validate", "Check a config: resolved values, parameter counts, the plan's memory per rank (exit 2 where it does not fit), data");
+  add_job_options(v, validate.config, validate.overrides, validate.machine, validate.gpus, validate.nodes);
   v->add_flag("--scan-data", validate.scan_data, "Check every token of the data against the vocabulary");
-  v->add_option("--machine", validate.machine, "Machine file for the memory estimate; default: built-in h200 (cpu for train.device: cpu)");
 
   mop::PlanArgs plan;
   auto* pl = app.add_subcommand("plan", "Where every component runs, the memory per rank and the predicted step time; --search ranks every plan");

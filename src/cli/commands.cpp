@@ -1,4 +1,4 @@
-// The subcommands: train, validate, plan, prepare-data, generate.
+// The subcommands train, prepare-data and generate (validate and plan: plan_commands.cpp).
 #include "cli/commands.h"
 
 #include <spdlog/spdlog.h>
@@ -29,19 +29,6 @@
 #include "train/trainer.h"
 
 namespace mop {
-
-namespace {
-
-std::string human_count(double n) {
-  char buf[32];
-  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", n / 1e9);
-  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
-  else if (n >= 1e3) std::snprintf(buf, sizeof buf, "%.1fK", n / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", n);
-  return buf;
-}
-
-}  // namespace
 
 namespace {
 
@@ -119,149 +106,6 @@ int cmd_train(const TrainArgs& args, World& world) {
       spdlog::warn("SIGUSR1 (a preemption notice): could not requeue Slurm job {} ({}); resubmit it "
                    "to resume from step {}", job, why, out.step);
   }
-  return 0;
-}
-
-namespace {
-
-// The machine `mop plan` and `mop validate` plan for: --machine FILE, or the built-in h200 (cpu
-// for train.device: cpu); --nodes and --gpus (GPUs per node) change its shape.
-Machine planning_machine(const Config& cfg, const std::string& file, int nodes, int gpus_per_node) {
-  Machine m = !file.empty() ? load_machine(file)
-                            : builtin_machine(cfg.train.device == "cpu" ? "cpu" : "h200");
-  if (nodes > 0) m.nodes = nodes;
-  if (gpus_per_node > 0) m.gpus_per_node = gpus_per_node;
-  return m;
-}
-
-}  // namespace
-
-// One line per moe.growth stage: its experts, steps and what its plan predicts ("" without growth;
-// a run's config whose stages do not end at moe.num_experts is a UserError).
-std::string growth_plan_text(const Config& cfg, const Machine& machine, int world) {
-  const GrowthSchedule g = growth_schedule(cfg);
-  std::string out;
-  for (int s = 0; s < g.stages(); ++s) {
-    const Plan p = make_plan(stage_config(cfg, g, s), machine, world, /*check_fit=*/false);
-    out += fmt::format("growth stage {} of {}: {} experts, steps {}–{}: predicted step {:.4g} ms ({:.0f} tokens/s), "
-                       "{} on the {}, optimizer state of {} parameters on the host\n",
-                       s + 1, g.stages(), g.experts[size_t(s)], s ? g.end_step[size_t(s - 1)] + 1 : 1,
-                       g.end_step[size_t(s)], 1e3 * p.time.step, p.time.tokens_per_second(p),
-                       format_bytes(double(p.memory.device_total())), device_name(p.run.device),
-                       human_count(double(p.host_params)));
-  }
-  return out;
-}
-
-int cmd_validate(const ValidateArgs& args) {
-  Config cfg = load_config(args.config, args.overrides);
-  const int world = int(cfg.parallel.attention.cp * cfg.parallel.attention.dp);
-  validate_parallel(cfg, world);
-  const Machine machine = planning_machine(cfg, args.machine, 0, 0);
-  const Plan plan = make_plan(cfg, machine, world, /*check_fit=*/false);
-  const ModelLayout layout = ModelLayout::build(ModelDims::from(cfg));
-  const MemoryPlan& mem = plan.memory;
-  std::printf("# resolved configuration\n%s\n", dump_config(cfg).c_str());
-  std::printf("parameters: %s total, %s active per token (excluding the embedding table)\n",
-              human_count(double(layout.num_params())).c_str(),
-              human_count(double(layout.num_active_params())).c_str());
-  std::printf("ranks: %d (attention cp %lld × dp %lld, moe ep %lld × dp %lld); step on %s\n", world,
-              (long long)cfg.parallel.attention.cp, (long long)cfg.parallel.attention.dp,
-              (long long)cfg.parallel.moe.ep, (long long)cfg.parallel.moe.dp,
-              plan.run.describe().c_str());
-  std::printf("estimated memory per rank on %s (mop plan): %s on the %s (weights %s, gradients %s, "
-              "optimizer state %s, activations %s, workspaces %s), %s in host memory\n",
-              machine.name.c_str(), format_bytes(double(mem.device_total())).c_str(),
-              std::string(device_name(plan.run.device)).c_str(), format_bytes(double(mem.weights)).c_str(),
-              format_bytes(double(mem.grads)).c_str(),
-              format_bytes(double(mem.optimizer_state + mem.host_grad_staging)).c_str(),
-              format_bytes(double(mem.activations)).c_str(), format_bytes(double(mem.workspaces)).c_str(),
-              format_bytes(double(mem.host_total())).c_str());
-  const std::string overflow = plan_overflow(plan);
-  if (!overflow.empty()) std::printf("warning: %s\n", overflow.c_str());
-  std::printf("%s", growth_plan_text(cfg, machine, world).c_str());
-  if (cfg.data.paths.empty()) {
-    std::printf("data: none given (data.paths)\n");
-  } else {
-    TokenLoader loader(make_loader_options(cfg));
-    std::printf("data: %s\n", loader.summary().c_str());
-    if (args.scan_data) {
-      loader.validate_all_tokens();
-      std::printf("data: every token is inside the vocabulary (%lld)\n",
-                  (long long)cfg.model.vocab_size);
-    }
-  }
-  std::printf("config OK\n");
-  return 0;
-}
-
-PlanTarget plan_target(const Config& cfg, const std::string& machine_file, int gpus, int nodes,
-                       bool whole_machine) {
-  PlanTarget t{planning_machine(cfg, machine_file, nodes, 0), 0};
-  Machine& machine = t.machine;
-  const bool builtin_gpu = machine_file.empty() && cfg.train.device != "cpu";
-  if (builtin_gpu && gpus == 0 && nodes == 0 && !whole_machine && gpu_count() > 0) {
-    // Not told otherwise, on a machine with GPUs: this machine — its GPUs, its host's memory and
-    // cores — with the config's foldings.
-    const int world = int(cfg.parallel.attention.cp * cfg.parallel.attention.dp);
-    machine.name = "h200 (this machine)";
-    machine.gpus_per_node = std::min(world, gpu_count());
-    machine.nodes = (world + machine.gpus_per_node - 1) / machine.gpus_per_node;
-    machine.host.memory_bytes = double(memory_info(Device::CPU).total);
-    share_builtin_host(machine, this_node_cores(machine.gpus_per_node), machine.gpus_per_node);
-    t.world = world;
-    return t;
-  }
-  // --gpus: the ranks in all; with --nodes too, spread over them.
-  if (gpus > 0) {
-    t.world = gpus;
-    if (nodes > 0) {
-      MOP_USER_CHECK(gpus % nodes == 0, "--gpus ", gpus, " does not divide over --nodes ", nodes);
-      machine.gpus_per_node = gpus / nodes;
-    } else {
-      machine.nodes = (gpus + machine.gpus_per_node - 1) / machine.gpus_per_node;
-      machine.gpus_per_node = std::min(machine.gpus_per_node, gpus);
-    }
-  } else if (nodes > 0 || whole_machine) {
-    t.world = machine.ranks();
-  } else {
-    t.world = int(cfg.parallel.attention.cp * cfg.parallel.attention.dp);
-  }
-  // Fewer ranks on a built-in node than it holds share its host among fewer.
-  if (builtin_gpu && machine.gpus_per_node < 8) share_builtin_host(machine, machine.host.cores, machine.gpus_per_node);
-  return t;
-}
-
-int cmd_plan(const PlanArgs& args) {
-  Config cfg = load_config(args.config, args.overrides);
-  const PlanTarget target = plan_target(cfg, args.machine, args.gpus, args.nodes, args.search);
-  const Machine& machine = target.machine;
-  const int world = target.world;
-  if (args.search || cfg.train.plan == "auto") {
-    const SearchResult r = search_plans(cfg, machine, world);
-    if (args.json) {
-      std::printf("%s\n", search_json(r, args.top).dump(2).c_str());
-    } else {
-      std::printf("%s", search_text(r, args.top).c_str());
-      if (!r.feasible.empty()) std::printf("\nthe best plan:\n%s", plan_text(r.feasible.front().plan).c_str());
-    }
-    MOP_USER_CHECK(!r.feasible.empty(), "no plan fits ", machine.name, " with ", world, " rank(s)");
-    return 0;
-  }
-  // A plan that does not fit is printed too (where the memory goes), then refused.
-  const Plan plan = make_plan(cfg, machine, world, /*check_fit=*/false);
-  MOP_USER_CHECK(args.rank < world, "--rank ", args.rank, ": the plan has ", world, " rank(s), 0 to ", world - 1);
-  if (args.json) {
-    Json j = plan_json(plan);
-    if (args.program) j["program"] = program_json(make_step_program(plan, args.rank));
-    std::printf("%s\n", j.dump(2).c_str());
-  } else {
-    std::printf("%s%s", plan_text(plan).c_str(), growth_plan_text(cfg, machine, world).c_str());
-    if (args.program)
-      std::printf("\nrank %d's %s", args.rank, program_text(make_step_program(plan, args.rank)).c_str());
-  }
-  const std::string overflow = plan_overflow(plan);
-  MOP_USER_CHECK(overflow.empty(), overflow);
   return 0;
 }
 

@@ -23,16 +23,17 @@ int cmd_train(const TrainArgs& args, World& world);
 struct ValidateArgs {
   std::string config;
   std::vector<std::string> overrides;
-  bool scan_data = false;  // check every token against the vocabulary
-  std::string machine;     // the memory estimate's machine file; empty: built in
+  bool scan_data = false;   // check every token against the vocabulary
+  std::string machine;      // the memory estimate's machine file; empty: as `mop plan`
+  int gpus = 0, nodes = 0;  // as `mop plan`
 };
 int cmd_validate(const ValidateArgs& args);
 
 struct PlanArgs {
   std::string config;
   std::vector<std::string> overrides;
-  std::string machine;  // machine file; empty: built-in h200 (cpu for train.device: cpu)
-  int gpus = 0;         // ranks in all; 0: the config's foldings (or --nodes × GPUs per node)
+  std::string machine;  // machine file; empty: see plan_target
+  int gpus = 0;         // ranks in all; 0: see plan_target
   int nodes = 0;        // 0: the machine's
   bool search = false;  // rank every plan the config's open keys allow
   bool json = false;
@@ -42,15 +43,37 @@ struct PlanArgs {
 };
 int cmd_plan(const PlanArgs& args);
 
-// The machine and world size `mop plan` and `mop emulate` plan for: --machine FILE (else the
-// built-in h200, cpu for train.device: cpu), --gpus ranks in all (spread over --nodes), else
-// --nodes whole nodes (or the whole machine when `whole_machine`), else the config's foldings.
+// The machine and world size `mop plan`, `validate` and `emulate` plan for (plan_commands.cpp).
+// The machine: --machine FILE; else on a machine without a GPU, for train.device: auto and no
+// --gpus/--nodes, the CPU backend (what `mop train` runs here); else the built-in h200 (cpu for
+// train.device: cpu; this machine's GPUs where it has some). The ranks: --gpus in all (spread
+// over --nodes); else --nodes whole nodes, the whole machine when `whole_machine`, or a machine
+// file's every GPU where the config gives no foldings; else the config's foldings. `notes` say
+// which machine or ranks where the user did not name them, and why.
 struct PlanTarget {
   Machine machine;
   int world = 1;
+  int node_gpus = 1;  // GPUs of one of the machine's nodes, before --gpus took fewer
+  std::vector<std::string> notes;
 };
 PlanTarget plan_target(const Config& cfg, const std::string& machine_file, int gpus, int nodes,
                        bool whole_machine);
+
+// The job the three describe: its target, and the config to plan — `cfg` itself, or where its
+// foldings do not make the target's ranks (no layout given for them) or it asks for the plan's
+// (train.plan: auto), the fastest plan that fits as `mop plan --search` ranks them, with a note
+// saying so. No plan fitting is a UserError saying what would (no_fit_message).
+struct PlanJob {
+  PlanTarget target;
+  Config cfg;
+  std::string chosen;  // the search's settings; "" where cfg's own layout is planned
+};
+PlanJob plan_job(const Config& cfg, const std::string& machine_file, int gpus, int nodes);
+// "no plan fits M with N rank(s)", the reasons by count, and the nearest world sizes or global
+// batch sizes with a plan that fits (search.h's fit_advice).
+struct SearchResult;
+std::string no_fit_message(const Config& cfg, const PlanTarget& target, const std::string& machine_file,
+                           const SearchResult& result);
 
 struct CalibrateArgs {
   std::string out;              // machine file to write; empty: stdout

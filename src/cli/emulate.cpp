@@ -14,6 +14,7 @@
 #include "ckpt/json.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "data/prepare_data.h"
 #include "parallel/mesh.h"
 #include "parallel/routing_model.h"
@@ -205,11 +206,12 @@ std::string rank_text(const Measured& m, const Plan& p, const std::string& title
   const double step = composed_step(m, p);
   std::snprintf(line, sizeof line,
                 "  collectives (link model): %.1f ms in all, %.1f ms exposed\n"
-                "  step: measured %.1f ms with stand-ins; composed %.1f ms (predicted %.1f, %s) = %.0f tokens/s per GPU "
-                "(predicted %.0f)\n",
+                "  step: measured %.1f ms with stand-ins; composed %.1f ms (predicted %.1f, %s) = %s tokens/s per GPU "
+                "(predicted %s)\n",
                 1e3 * p.time.comm_total, 1e3 * p.time.seconds[size_t(OpCategory::Communication)], 1e3 * m.step,
                 1e3 * step, 1e3 * p.time.step, pct(step, p.time.step).c_str(),
-                double(p.tokens_per_step()) / step / p.world, p.time.tokens_per_second(p) / p.world);
+                grouped(double(p.tokens_per_step()) / step / p.world).c_str(),
+                grouped(p.time.tokens_per_second(p) / p.world).c_str());
   out += line;
   return out;
 }
@@ -272,15 +274,16 @@ int cmd_emulate(const EmulateArgs& args) {
   // The rank's own log (the trainer's lines) on stderr; the report alone on stdout.
   if (!spdlog::get("mop-emulate")) spdlog::set_default_logger(spdlog::stderr_color_mt("mop-emulate"));
   spdlog::set_level(spdlog::level::from_str(cfg.log.level));
-  const PlanTarget target = plan_target(cfg, args.machine, args.gpus, args.nodes, false);
-  const Machine& machine = target.machine;
-  const int world = target.world;
+  // The job's layout where the config gives none for its ranks (as mop plan chooses it).
+  const PlanJob job = plan_job(cfg, args.machine, args.gpus, args.nodes);
+  const Machine& machine = job.target.machine;
+  const int world = job.target.world;
   MOP_USER_CHECK(args.rank >= 0 && args.rank < world, "--rank ", args.rank, ": the job has ", world,
                  " rank(s), 0 to ", world - 1);
   MOP_USER_CHECK(args.layers >= 0 && args.layers <= cfg.model.num_layers, "--layers ", args.layers, ": 1 to ",
                  cfg.model.num_layers, " (model.num_layers)");
   // The whole job's plan: refused here, before anything is allocated, when it does not fit.
-  const Plan full = make_plan(planned_config(cfg, machine, world), machine, world);
+  const Plan full = make_plan(job.cfg, machine, world);
   const RoutingModel routing = RoutingModel::parse(args.routing, full.dims.experts, full.dims.top_k);
   const int layers = args.layers > 0 ? args.layers : int(cfg.model.num_layers);
   const int64_t moe_layers = layers - full.dims.first_dense;
@@ -343,6 +346,9 @@ int cmd_emulate(const EmulateArgs& args) {
     Json j = Json::object();
     j["machine"] = machine.name;
     j["world"] = world;
+    Json notes = Json::array();
+    for (const std::string& n : job.target.notes) notes.push_back(n);
+    j["notes"] = std::move(notes);
     j["mesh"] = mesh.str();
     j["routing"] = routing.describe();
     j["layers"] = layers;
@@ -376,6 +382,7 @@ int cmd_emulate(const EmulateArgs& args) {
       args.rank, world, machine.name.c_str(), mesh.str().c_str(), at[Axis::Dp], at[Axis::Cp],
       at[Axis::Edp], at[Axis::Ep], layers, (long long)cfg.model.num_layers,
       routing.describe().c_str(), args.steps);
+  for (const std::string& n : job.target.notes) std::printf("note: %s\n", n.c_str());
   for (const Measured& m : measured) {
     std::string title = m.rank == args.rank ? "rank " + std::to_string(m.rank)
                                             : "the most-loaded rank, " + std::to_string(m.rank);
@@ -391,10 +398,10 @@ int cmd_emulate(const EmulateArgs& args) {
   if (layers < cfg.model.num_layers) {
     const MemoryPlan f = full.memory_of_rank(args.rank);
     std::printf("the plan at full depth (%lld layers), rank %d: device %.2f GiB, host %.2f GiB, step %.1f ms, "
-                "%.0f tokens/s per GPU. Memory and the categories attention, dense GEMMs, experts, router/permute, "
+                "%s tokens/s per GPU. Memory and the categories attention, dense GEMMs, experts, router/permute, "
                 "optimizer and communication scale with the layers; LM head+loss and other do not.\n",
                 (long long)cfg.model.num_layers, args.rank, gib(double(f.device_total())), gib(double(f.host_total())),
-                1e3 * full.time.step, full.time.tokens_per_second(full) / world);
+                1e3 * full.time.step, grouped(full.time.tokens_per_second(full) / world).c_str());
   }
   return 0;
 }
