@@ -13,6 +13,7 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/dir_lock.h"
 #include "ckpt/file_io.h"
+#include "ckpt/manifest.h"
 #include "cli/forward_memory.h"
 #include "cli/text_codec.h"
 #include "config/config.h"
@@ -45,6 +46,45 @@ std::string existing_run(const Config& cfg) {
   return "";
 }
 
+// The layout needs as many processes as it has ranks: a job started with fewer (one, most
+// often) is told how to start it (Megatron-LM and torchtitan runs start under torchrun the same way).
+void check_launched_ranks(const Config& cfg, const World& world, const std::string& config_path) {
+  const auto& a = cfg.parallel.attention;
+  const auto& m = cfg.parallel.moe;
+  const int64_t ranks = a.cp * a.dp != world.size ? a.cp * a.dp : m.ep * m.dp;
+  if (world.size != 1 || ranks == 1) return;  // other mismatches: validate_parallel's message
+  throw_user_error(a.cp * a.dp != 1 ? "parallel.attention: cp (" + std::to_string(a.cp) + ") × dp (" +
+                                          std::to_string(a.dp) + ")"
+                                    : "parallel.moe: ep (" + std::to_string(m.ep) + ") × dp (" + std::to_string(m.dp) + ")",
+                   " = ", ranks, " ranks, and mop train runs as one process: start one per rank, e.g. mpirun -np ",
+                   ranks, " mop train --config ", config_path, " … (srun -n ", ranks,
+                   " under Slurm; docs/parallelism.md)");
+}
+
+// "" unless the checkpoint a resume would continue is at train.steps or past it; then the line
+// saying the run is complete.
+std::string finished_run(const Config& cfg) {
+  const std::optional<std::string> dir = resolve_resume_dir(cfg);
+  if (!dir) return "";
+  const int64_t step = read_manifest(*dir).step;
+  if (step < cfg.train.steps) return "";
+  return "checkpoint " + *dir + " is at step " + std::to_string(step) + " of train.steps " +
+         std::to_string(cfg.train.steps) + ": the run is complete, nothing to train (raise train.steps to continue it)";
+}
+
+// After a start that failed: the lock file alone left in checkpoint.dir goes, and the directory
+// too where this run created it.
+void remove_lock_left_alone(const std::string& dir, bool dir_existed) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename() != ".lock") return;
+  fs::remove(fs::path(dir) / ".lock", ec);
+  if (!dir_existed) fs::remove(dir, ec);
+}
+
+int train_locked(Config cfg, World& world, DirLock& lock, bool replace);
+
 }  // namespace
 
 int cmd_train(const TrainArgs& args, World& world) {
@@ -55,19 +95,41 @@ int cmd_train(const TrainArgs& args, World& world) {
   Config cfg = load_config(args.config, overrides);
   setup_logging(cfg.log, world.rank, world.size);
   spdlog::info("mop {} | {} rank(s) | config {}", MOP_VERSION, world.size, args.config);
+  check_launched_ranks(cfg, world, args.config);
+  // A finished run asked to run again (a requeue loop, a resubmitted job) has nothing to train:
+  // that is its success.
+  if (const std::string done = finished_run(cfg); !done.empty()) {
+    spdlog::info("{}", done);
+    return 0;
+  }
   // The run holds its directory from here to its exit; a fresh run does not replace another
   // run's checkpoints unless asked to.
   DirLock lock;
   const bool replace = world.is_root() && cfg.checkpoint.resume == "none" && cfg.checkpoint.overwrite;
-  if (world.is_root()) {
-    lock = DirLock::acquire(cfg.checkpoint.dir);
-    if (cfg.checkpoint.resume == "none" && !cfg.checkpoint.overwrite) {
+  const std::string dir = cfg.checkpoint.dir;
+  std::error_code ec;
+  const bool dir_existed = std::filesystem::exists(dir, ec);
+  if (world.is_root()) lock = DirLock::acquire(dir);
+  try {
+    if (world.is_root() && cfg.checkpoint.resume == "none" && !cfg.checkpoint.overwrite) {
       const std::string run = existing_run(cfg);
       MOP_USER_CHECK(run.empty(), "checkpoint.dir ", cfg.checkpoint.dir, " already holds a run (", run,
                      ") and checkpoint.resume is none: continue it with checkpoint.resume: auto, give "
                      "this run a checkpoint.dir of its own, or set checkpoint.overwrite: true to replace it");
     }
+    return train_locked(std::move(cfg), world, lock, replace);
+  } catch (...) {
+    if (lock.held()) {
+      lock = DirLock();
+      remove_lock_left_alone(dir, dir_existed);
+    }
+    throw;
   }
+}
+
+namespace {
+
+int train_locked(Config cfg, World& world, DirLock& lock, bool replace) {
   const int64_t final_experts = cfg.moe.num_experts, total_steps = cfg.train.steps;
   const RunOutcome out = train_run(std::move(cfg), world, [&](Trainer& trainer, bool first) {
     if (!first) return;
@@ -108,6 +170,8 @@ int cmd_train(const TrainArgs& args, World& world) {
   }
   return 0;
 }
+
+}  // namespace
 
 int cmd_prepare_data(const PrepareDataArgs& args) {
   if (args.random_tokens != 0) {
