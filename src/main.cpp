@@ -21,26 +21,39 @@
 
 namespace {
 
-constexpr const char* kExamples = R"(
-Examples:
-  mop train --config configs/tiny.yaml
-  mop train --config configs/tiny.yaml --set train.steps=50 --set optim.lr=1e-3
-  mop train --config configs/tiny.yaml --resume auto
-  mop validate --config configs/tiny.yaml --scan-data
-  mop plan --config configs/q3moe-8l.yaml
-  mop plan --config configs/qwen3-30b-a3b.yaml --gpus 8 --search
-  mop calibrate --out machine.yaml
-  mop emulate --config configs/moe-1t.yaml --gpus 96 --nodes 12 --layers 8
-  mop train --config configs/q3moe-8l.yaml --machine machine.yaml --set train.plan=auto
-  mop prepare-data --input corpus.txt --output data/corpus --split blank-line
-  mop prepare-data --random-tokens 100000000 --vocab-size 151936 --output data/random
-  mop prepare-data --input docs.jsonl --json-key text --tokenizer tokenizer.json --output data/docs
-  mop generate --checkpoint checkpoints/tiny --prompt "In the beginning"
-  mop import-hf path/to/Qwen3-30B-A3B --out checkpoints/q3-30b
-  mop export-hf checkpoints/run --out hf/run --dtype bf16
-  mop score --checkpoint checkpoints/run --tokens tokens.txt --out logits.bin
-  mop score --checkpoint checkpoints/run --text held_out.txt
-)";
+// The examples of `mop --help`; each subcommand's --help shows its own.
+constexpr const char* kExamples[] = {
+    "mop train --config configs/tiny.yaml",
+    "mop train --config configs/tiny.yaml --set train.steps=50 --set optim.lr=1e-3",
+    "mop train --config configs/tiny.yaml --resume auto",
+    "mpirun -np 8 mop train --config configs/q3moe-8l.yaml --set train.plan=auto",
+    "mop validate --config configs/tiny.yaml --scan-data",
+    "mop validate --config configs/moe-1t.yaml --gpus 96 --nodes 12",
+    "mop plan --config configs/q3moe-8l.yaml",
+    "mop plan --config configs/q3moe-8l.yaml --gpus 8",
+    "mop plan --config configs/qwen3-30b-a3b.yaml --gpus 8 --search",
+    "mop plan --config configs/q3moe-8l.yaml --machine configs/machines/h200-1-node.yaml",
+    "mop calibrate --out machine.yaml",
+    "mop emulate --config configs/moe-1t.yaml --gpus 96 --nodes 12 --layers 8",
+    "mop prepare-data --input corpus.txt --output data/corpus --split blank-line",
+    "mop prepare-data --random-tokens 100000000 --vocab-size 151936 --output data/random",
+    "mop prepare-data --input docs.jsonl --json-key text --tokenizer tokenizer.json --output data/docs",
+    "mop generate --checkpoint checkpoints/tiny --prompt \"In the beginning\"",
+    "mop import-hf path/to/Qwen3-30B-A3B --out checkpoints/q3-30b > model.yaml",
+    "mop export-hf checkpoints/run --out hf/run --dtype bf16",
+    "mop score --checkpoint checkpoints/run --tokens tokens.txt --out logits.bin",
+    "mop score --checkpoint checkpoints/run --text held_out.txt",
+};
+
+// The footer of `command`'s help: its examples ("" for mop's own: all of them).
+std::string examples_of(const std::string& command) {
+  std::string out;
+  for (const char* e : kExamples) {
+    const std::string line(e);
+    if (command.empty() || line.find("mop " + command + " ") != std::string::npos) out += "  " + line + "\n";
+  }
+  return out.empty() ? "" : "\nExamples:\n" + out;
+}
 
 // The options that say which job `mop plan` and `mop emulate` are about: its config and the
 // machine and ranks it runs on (cli/commands.h's plan_target).
@@ -57,7 +70,7 @@ void add_job_options(CLI::App* cmd, std::string& config, std::vector<std::string
 
 int main(int argc, char** argv) {
   CLI::App app{"mop — Mixture-of-Parallelisms training engine for Mixture-of-Experts models"};
-  app.footer(kExamples);
+  app.footer(examples_of(""));
   app.set_version_flag("--version", std::string("mop ") + MOP_VERSION);
   app.require_subcommand(1);
 
@@ -80,16 +93,16 @@ int main(int argc, char** argv) {
   add_job_options(pl, plan.config, plan.overrides, plan.machine, plan.gpus, plan.nodes);
   pl->add_flag("--search", plan.search, "Rank every plan the keys the config leaves open allow, and say why the others do not fit");
   pl->add_flag("--json", plan.json, "Print JSON instead of text");
-  pl->add_option("--top", plan.top, "--search: how many plans to list")->check(CLI::Range(1, 1 << 20));
+  pl->add_option("--top", plan.top, "--search: how many plans to list")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   pl->add_flag("--program", plan.program, "Also print the step program: the actions one rank's step runs, in order, with their streams");
-  pl->add_option("--rank", plan.rank, "--program: whose program (ranks differ where ZeRO-1 owners keep state on the host); default 0")->check(CLI::Range(0, (1 << 20) - 1));
+  pl->add_option("--rank", plan.rank, "--program: whose program (ranks differ where ZeRO-1 owners keep state on the host)")->capture_default_str()->check(CLI::Range(0, (1 << 20) - 1));
 
   mop::EmulateArgs emu;
   auto* em = app.add_subcommand("emulate", "Run one rank of a job planned for another machine (e.g. 96 GPUs) on this device, its collectives stand-ins, and compare its memory and time with the plan");
   add_job_options(em, emu.config, emu.overrides, emu.machine, emu.gpus, emu.nodes);
-  em->add_option("--rank", emu.rank, "The rank to run; default 0")->check(CLI::Range(0, (1 << 20) - 1));
-  em->add_option("--routing", emu.routing, "What the other ranks send this rank's experts: balanced, zipf:S (expert e's share ∝ 1/(e+1)^S), or a router histogram file (log.router_histogram of mop train)");
-  em->add_option("--steps", emu.steps, "Steps to run; the first is a warm-up (default 3)")->check(CLI::Range(1, 1000));
+  em->add_option("--rank", emu.rank, "The rank to run")->capture_default_str()->check(CLI::Range(0, (1 << 20) - 1));
+  em->add_option("--routing", emu.routing, "What the other ranks send this rank's experts: balanced, zipf:S (expert e's share ∝ 1/(e+1)^S), or a router histogram file (log.router_histogram of mop train)")->capture_default_str();
+  em->add_option("--steps", emu.steps, "Steps to run; the first is a warm-up")->capture_default_str()->check(CLI::Range(1, 1000));
   em->add_option("--layers", emu.layers, "Run the rank with this many of its layers (where the host cannot hold its whole share); the plan's full-depth figures are printed beside")->check(CLI::Range(1, 1 << 16));
   em->add_flag("--json", emu.json, "Print JSON instead of text");
   em->add_option(
@@ -100,6 +113,7 @@ int main(int argc, char** argv) {
   auto* ca = app.add_subcommand("calibrate", "Measure this machine (GEMMs, attention, memory-bound ops, copies, host AdamW, collectives under mpirun) into a machine file for mop plan");
   ca->add_option("-o,--out", cal.out, "Machine file (YAML) to write; default: print it");
   ca->add_option("--device", cal.device, "auto (the GPU when there is one), cpu or cuda")
+      ->capture_default_str()
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   ca->add_option("--step", cal.step_config, "Also run this config's step here (one rank, random tokens) and write the in-step factors: measured ÷ predicted per category");
   ca->add_option("--set", cal.step_overrides, "--step: override a config key: section.key=value (repeatable)");
@@ -109,6 +123,7 @@ int main(int argc, char** argv) {
   auto* p_in = p->add_option("-i,--input", prep.inputs, "Text files");
   p->add_option("-o,--output", prep.output, "Output prefix (writes PREFIX.bin and PREFIX.idx)")->required();
   p->add_option("--split", prep.split, "Documents: file (one per file) or blank-line (blocks between empty lines)")
+      ->capture_default_str()
       ->check(CLI::IsMember({"file", "blank-line"}));
   auto* p_rand = p->add_option("--random-tokens", prep.random_tokens,
                                "Instead of text: this many token ids drawn uniformly from [0, --vocab-size) (benchmarks; train with data.eos_id: -1)");
@@ -119,34 +134,39 @@ int main(int argc, char** argv) {
   p->add_option("--eos-token", prep.eos_token, "The end-of-document token (default: the tokenizer's <|endoftext|>, <|end_of_text|>, <|im_end|> or </s>)")->needs(p_tok);
   p->add_option("--json-key", prep.json_key, "Inputs are JSON lines; this key's string is one document")->needs(p_tok);
   p->add_option("--vocab-size", prep.vocab_size, "Vocabulary of --random-tokens")->needs(p_rand);
-  p->add_option("--document-tokens", prep.document_tokens, "Tokens per document of --random-tokens")->needs(p_rand);
-  p->add_option("--seed", prep.seed, "Seed of --random-tokens")->needs(p_rand);
+  p->add_option("--document-tokens", prep.document_tokens, "Tokens per document of --random-tokens")
+      ->capture_default_str()
+      ->needs(p_rand);
+  p->add_option("--seed", prep.seed, "Seed of --random-tokens")->capture_default_str()->needs(p_rand);
 
   mop::GenerateArgs gen;
   auto* g = app.add_subcommand("generate", "Print a continuation of a prompt from a checkpoint, decoded with its tokenizer");
   g->add_option("--checkpoint", gen.checkpoint, "A step_N checkpoint or a checkpoint directory (its latest)")->required();
   g->add_option("--prompt", gen.prompt, "Text to continue (encoded with the checkpoint's tokenizer; bytes for a byte-level model)");
-  g->add_option("-n,--tokens", gen.tokens, "Tokens to generate")->check(CLI::Range(1, 1 << 20));
-  g->add_option("--temperature", gen.temperature, "Sampling temperature; 0: greedy")->check(CLI::Range(0.0, 100.0));
-  g->add_option("--top-k", gen.top_k, "Sample among the k most likely tokens; 0: all")->check(CLI::Range(0, 1 << 30));
-  g->add_option("--seed", gen.seed, "Sampling seed");
+  g->add_option("-n,--tokens", gen.tokens, "Tokens to generate (fewer where the model ends the document)")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  g->add_option("--temperature", gen.temperature, "Sampling temperature; 0: greedy")->capture_default_str()->check(CLI::Range(0.0, 100.0));
+  g->add_option("--top-k", gen.top_k, "Sample among the k most likely tokens; 0: all")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+  g->add_option("--seed", gen.seed, "Sampling seed")->capture_default_str();
 
   mop::ImportHfArgs imp;
   auto* ih = app.add_subcommand("import-hf", "Import a Hugging Face Qwen3-MoE or Mixtral model directory as a checkpoint (step 0)");
   ih->add_option("dir", imp.dir, "Model directory: config.json and *.safetensors (sharded with model.safetensors.index.json or not)")->required();
-  ih->add_option("-o,--out", imp.out, "Checkpoint directory to create (gets step_0/ and model.yaml)")->required();
+  ih->add_option("-o,--out", imp.out, "Checkpoint directory to create (gets step_0/ and model.yaml); the model/moe YAML goes to stdout, the rest to stderr")->required();
 
   mop::ExportHfArgs exp;
   auto* eh = app.add_subcommand("export-hf", "Export a checkpoint as a Hugging Face model directory (config.json, safetensors shards)");
   eh->add_option("checkpoint", exp.checkpoint, "A step_N checkpoint or a checkpoint directory (its latest)")->required();
   eh->add_option("-o,--out", exp.out, "Directory to write the model into")->required();
-  eh->add_option("--dtype", exp.dtype, "Tensor dtype: bf16 (default) or fp32 (the master weights)")
+  eh->add_option("--dtype", exp.dtype, "Tensor dtype: bf16 or fp32 (the master weights)")
+      ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "fp32"}));
   eh->add_option("--arch", exp.arch, "auto (qwen3_moe with q/k norm, else mixtral), qwen3_moe or mixtral")
+      ->capture_default_str()
       ->check(CLI::IsMember({"auto", "qwen3_moe", "mixtral"}));
-  eh->add_option("--layout", exp.layout, "Experts: per-expert (default; what save_pretrained writes) or fused (transformers 5 in-memory)")
+  eh->add_option("--layout", exp.layout, "Experts: per-expert (what save_pretrained writes) or fused (transformers 5 in-memory)")
+      ->capture_default_str()
       ->check(CLI::IsMember({"per-expert", "fused"}));
-  eh->add_option("--max-shard-size", exp.max_shard_size, "Largest safetensors file, e.g. 5GB (default), 500MB, 2GiB");
+  eh->add_option("--max-shard-size", exp.max_shard_size, "Largest safetensors file, e.g. 5GB, 500MB, 2GiB")->capture_default_str();
 
   mop::ScoreArgs score;
   auto* sc = app.add_subcommand("score", "Mean next-token cross-entropy (and logits) of token sequences under a checkpoint");
@@ -156,10 +176,11 @@ int main(int argc, char** argv) {
       ->excludes(sc_tokens);
   sc->add_option("--seq-len", score.seq_len, "Binary token files: tokens per sequence (default: the whole file)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 31));
-  sc->add_option("--device", score.device, "cpu (fp32, default) or cuda (bf16)")->check(CLI::IsMember({"cpu", "cuda"}));
+  sc->add_option("--device", score.device, "cpu (fp32) or cuda (bf16)")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   sc->add_option("--out", score.out, "Write every position's logits here (float32, [tokens, vocab])");
 
   auto* ref = app.add_subcommand("config-reference", "Print the configuration reference (Markdown)");
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) sub->footer(examples_of(sub->get_name()));
 
   // A mistyped command would reach CLI11 as a stray argument ("A subcommand is required").
   if (argc > 1 && argv[1][0] != '-') {
