@@ -13,6 +13,7 @@
 
 #include "ckpt/json.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "core/small_file.h"
 #include "runtime/memory.h"
 #include "runtime/runtime.h"
@@ -216,8 +217,8 @@ void MetricsLog::record(const StepMetrics& m) {
   if (m.step % interval_ == 0 || last || m.val_loss >= 0) {
     double tok_s = interval_tokens_ / std::max(interval_seconds_, 1e-9);
     double eta = avg_step_seconds_ * double(total_steps_ - m.step);
-    spdlog::info("step {:>6}/{} | loss {:.4f} | aux {:.2e} | lr {:.3e} | grad {:.3f} | {:.0f} tok/s | {:.0f} ms/step | eta {}{}{}",
-                 m.step, total_steps_, m.loss, m.aux_loss + m.z_loss, m.lr, m.grad_norm, tok_s,
+    spdlog::info("step {:>6}/{} | loss {:.4f} | aux {:.2e} | lr {:.3e} | grad {:.3f} | {} tok/s | {:.0f} ms/step | eta {}{}{}",
+                 m.step, total_steps_, m.loss, m.aux_loss + m.z_loss, m.lr, m.grad_norm, grouped(tok_s),
                  1000.0 * interval_seconds_ / double(interval_steps_), format_duration(eta),
                  m.val_loss >= 0 ? fmt::format(" | val {:.4f}", m.val_loss) : std::string(),
                  m.skipped ? " | SKIPPED" : "");

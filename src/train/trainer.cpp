@@ -16,6 +16,7 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/manifest.h"
 #include "core/error.h"
+#include "core/format.h"
 #include "ops/timed_ops.h"
 #include "optim/schedule.h"
 #include "parallel/routing_model.h"
@@ -268,8 +269,8 @@ void Trainer::build() {
                      : std::string(", not overlapped"));
   }
   const StepTime& t = plan_.time;
-  spdlog::info("plan: predicted step {:.0f} ms ({:.0f} tokens/s, MFU {:.1f}%) on {}: {}{}", 1e3 * t.step,
-               t.tokens_per_second(plan_), 100 * t.mfu(plan_), plan_.machine.name,
+  spdlog::info("plan: predicted step {:.0f} ms ({} tokens/s, MFU {:.1f}%) on {}: {}{}", 1e3 * t.step,
+               grouped(t.tokens_per_second(plan_)), 100 * t.mfu(plan_), plan_.machine.name,
                predicted_split(t.seconds), t.host_exposed > 0 ? fmt::format(" | host wait {:.0f} ms", 1e3 * t.host_exposed) : "");
   if (!cfg_.log.router_histogram.empty() && world_.is_root()) {
     // A path that cannot be written fails now, not after the run.
