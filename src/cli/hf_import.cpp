@@ -164,10 +164,10 @@ int cmd_import_hf(const ImportHfArgs& args) {
                r.checkpoint_dir.c_str());
   if (r.tokenizer) std::fprintf(stderr, "tokenizer copied from %s/tokenizer.json\n", args.dir.c_str());
   std::fprintf(stderr,
-               "model config written to %s; fine-tune from the import with a config of its model and moe "
-               "sections, your data/train/optim, and checkpoint.init_from: %s (the run's own checkpoint.dir "
-               "keeps its checkpoints, so a restart resumes them)\n",
-               r.yaml_path.c_str(), args.out.c_str());
+               "model config written to %s; fine-tune from it with a config of its model and moe sections, "
+               "your data/train/optim, and checkpoint.init_from: %s with a checkpoint.dir of the run's own "
+               "(or checkpoint.dir: %s with checkpoint.resume: auto; docs/hugging-face.md)\n",
+               r.yaml_path.c_str(), args.out.c_str(), args.out.c_str());
   return 0;
 }
 
