@@ -9,6 +9,8 @@ before its opening fence:
   <!-- example: gpu -->      needs an NVIDIA GPU (an H200 recipe, minutes to hours): run as written
                              only where `nvidia-smi -L` lists one and MOP_GPU_EXAMPLES=1 asks for it
   <!-- example: cluster -->  needs several GPUs, nodes or Slurm: never run here
+  <!-- example: download --> downloads from the network (a package, a published model's files):
+                             never run here, where the network may not be reachable
   <!-- example: variant
   commands that run instead (a small version of the block)
   -->
@@ -35,7 +37,7 @@ import subprocess
 import sys
 import time
 
-KINDS = ("run", "ci", "gpu", "cluster", "variant")
+KINDS = ("run", "ci", "gpu", "cluster", "download", "variant")
 MARK = re.compile(r"^<!--\s*example:\s*(\S+)\s*-->\s*$")
 VARIANT_OPEN = re.compile(r"^<!--\s*example:\s*variant\s*$")
 BLOCK_TIMEOUT_S = 600
@@ -84,8 +86,8 @@ def marker(lines, opening):
     if m:
         kind = m.group(1)
         if kind not in KINDS or kind == "variant":
-            return None, None, (f"unknown example kind '{kind}' (run, ci, gpu, cluster, or a variant "
-                                "comment of several lines)")
+            return None, None, (f"unknown example kind '{kind}' (run, ci, gpu, cluster, download, or a "
+                                "variant comment of several lines)")
         return kind, None, None
     if before == "-->":
         j = opening - 2
@@ -189,6 +191,10 @@ def main():
                 continue
             if b.kind == "cluster":
                 print(f"not run (needs several GPUs or nodes, or Slurm): {where}")
+                skipped += 1
+                continue
+            if b.kind == "download":
+                print(f"not run (downloads from the network): {where}")
                 skipped += 1
                 continue
             if b.kind == "gpu" and not gpu:
