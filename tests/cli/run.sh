@@ -56,6 +56,28 @@ EOF
 
 # Usage.
 expect 0 "Examples" -- --help
+# A subcommand's help lists its own examples and its options' defaults, not mop's whole list.
+out=$("$mop" generate --help 2>&1)
+if [[ "$out" == *"mop generate --checkpoint"* ]] && [[ "$out" != *"mop train --config"* ]] && [[ "$out" == *"=200"* ]] \
+  && [[ "$out" == *"=0.8"* ]] && [[ "$out" == *"=40"* ]] && [[ "$("$mop" plan --help 2>&1)" == *"=10"* ]]; then
+  echo "ok: mop generate --help: its examples and defaults"
+else
+  echo "FAIL: mop generate --help repeats every example or lacks a default:"; echo "$out" | sed 's/^/    /'
+  failures=$((failures + 1))
+fi
+# docs/commands.md names every option of every command (plan --program/--rank, train --profile-step, ...).
+for cmd in train validate plan calibrate emulate prepare-data generate import-hf export-hf score; do
+  "$mop" "$cmd" --help 2>&1 | python3 -c "
+import re, sys
+rows = [l for l in open('$src/docs/commands.md', encoding='utf-8') if l.startswith('| \`mop $cmd ')]
+missing = []
+for line in sys.stdin:
+    m = re.match(r'^  (-\w,)?(--[\w-]+)', line)
+    if m and m.group(2) != '--help' and not any(m.group(2) in r or (m.group(1) and m.group(1)[:-1] + ' ' in r) for r in rows):
+        missing.append(m.group(2))
+sys.exit('docs/commands.md misses mop $cmd ' + ', '.join(missing) if missing else 0)" \
+    || failures=$((failures + 1))
+done
 expect 0 "mop 0." -- --version
 expect 2 "error:" --
 expect 2 "error:" -- frobnicate
@@ -81,6 +103,8 @@ printf 'model:\n  hidden_size: [1, 2\n' > bad_yaml.yaml
 expect 2 "malformed YAML" -- validate --config bad_yaml.yaml
 expect 2 "--set moe.topk: unknown key (did you mean moe.top_k?)" -- validate --config good.yaml --set moe.topk=2
 expect 2 "moe.top_k: 9 exceeds moe.num_experts (4)" -- validate --config good.yaml --set moe.top_k=9
+# PyTorch's device name: gpu is cuda here, not cpu.
+expect 2 "'gpu' is not one of auto, cpu or cuda (did you mean cuda?)" -- train --config good.yaml --set train.device=gpu
 expect 2 "model.hidden_size: expected an integer, got 'big'" -- validate --config good.yaml --set model.hidden_size=big
 # User text echoed in an error has its control characters escaped: a value cannot clear the terminal.
 expect 2 "model.hidden_size: expected an integer, got '\\x1b[2J'" -- validate --config good.yaml --set $'model.hidden_size=\e[2J'
@@ -130,6 +154,42 @@ expect 2 "--rank 2: the plan has 2 rank(s), 0 to 1" -- plan --config good.yaml -
 expect 2 "The largest is the activations; to fit" -- plan --config "$src/configs/q3moe-8l.yaml" --set data.seq_len=131072 --set train.global_batch_size=1
 expect 0 "slicing saves" -- plan --config "$src/configs/moe-1t.yaml" --machine "$src/configs/machines/h200-12-nodes.yaml" --search --top 1
 expect 2 "no plan fits" -- plan --config "$src/configs/moe-1t.yaml" --machine "$src/configs/machines/h200-12-nodes.yaml" --gpus 16 --search --top 1
+# --gpus N with no layout in the config: the plan lays the ranks out (as --search and train.plan: auto).
+q3="$src/configs/q3moe-8l.yaml"
+expect 0 "layout for 8 ranks: the config's foldings make 1, so the plan chose" -- plan --config "$q3" --gpus 8
+expect 0 "layout for 16 ranks" -- plan --config "$q3" --gpus 16 --nodes 2
+expect 0 "layout for 8 ranks" -- plan --config "$q3" --machine "$src/configs/machines/h200-1-node.yaml" --nodes 1
+expect 0 "layout for 4 ranks" -- emulate --config good.yaml --set train.device=cpu --gpus 4 --steps 2
+# A machine file and no --gpus: every GPU of it, said so.
+expect 0 "8 ranks: every GPU of $src/configs/machines/h200-1-node.yaml" -- plan --config "$q3" --machine "$src/configs/machines/h200-1-node.yaml"
+# No plan fits: what would (fewer or more GPUs, a batch that divides over the ranks).
+expect 2 "one fits with --gpus 8, --gpus 16 --nodes 2, or with 12 ranks and train.global_batch_size 9 (or 6) in place of 8: --set train.global_batch_size=9" -- plan --config "$q3" --gpus 12 --search
+# The search's table: columns that line up, '#' for the ranking, figures grouped, equal times by memory.
+"$mop" plan --config "$q3" --gpus 8 --search --top 12 > search.txt 2>&1
+python3 - search.txt <<'PY' || { echo "FAIL: mop plan --search's table"; sed 's/^/    /' search.txt | head -20; failures=$((failures + 1)); }
+import re, sys
+lines = open(sys.argv[1], encoding="utf-8").read().split("\n")
+head = next(i for i, l in enumerate(lines) if re.match(r"^ +# +settings ", l))
+table = lines[head:lines.index("", head)]
+assert len(table) == 13 and len({len(l) for l in table}) == 1, table
+assert all(re.search(r" \d{1,3}(,\d{3})+ ", l) for l in table[1:]), table
+PY
+"$mop" plan --config "$q3" --gpus 8 --search --top 100 --json > search.json 2>&1
+python3 -c "
+import json, sys
+f = json.load(open('search.json'))['feasible']
+bad = [(a['settings'], b['settings']) for a, b in zip(f, f[1:])
+       if a['time']['step'] == b['time']['step'] and a['memory']['device_total'] > b['memory']['device_total']]
+sys.exit('equal-time plans with more memory first: %s' % bad[:2] if bad else 0)" || failures=$((failures + 1))
+expect 0 "tokens/s" -- plan --config "$q3"
+[[ "$("$mop" plan --config "$q3" 2>&1)" =~ [0-9],[0-9]{3}\ tokens/s ]] \
+  || { echo "FAIL: mop plan prints tokens/s without digit grouping"; failures=$((failures + 1)); }
+# validate takes the job's ranks and refuses a plan that does not fit (exit 2, what would fit).
+expect 2 "no plan fits h200 with 1 rank(s)" -- validate --config "$src/configs/moe-1t.yaml" --set 'data.paths=[]'
+expect 2 "one fits with --gpus 96 --nodes 12" -- validate --config "$src/configs/moe-1t.yaml" --set 'data.paths=[]'
+expect 2 "the plan needs 37.02 TiB" -- validate --config "$src/configs/moe-1t.yaml" --set 'data.paths=[]' --set train.plan=config
+expect 0 "config OK" -- validate --config "$src/configs/moe-1t.yaml" --set 'data.paths=[]' --gpus 96 --nodes 12
+expect 0 "ranks: 2 (attention cp 1 × dp 2" -- validate --config good.yaml --gpus 2 --set train.device=cpu
 expect 2 "optim.gradients: host streams the gradients" -- plan --config good.yaml --set optim.gradients=host --set optim.state_placement=gpu
 expect 0 "stash-grads" -- plan --config good.yaml --set optim.gradients=host --set optim.state_placement=host --program
 expect 0 "reduce-scatter" -- plan --config good.yaml --set parallel.shard=slice --set parallel.attention.dp=2 --set parallel.moe.dp=2 --program
@@ -178,7 +238,7 @@ expect 2 "--trace no-such-dir/t.json: cannot write to it" -- emulate $E --trace 
 expect 2 "--rank 4: the job has 4 rank(s)" -- emulate $E --rank 4
 expect 2 "zipf:S" -- emulate $E --routing zipf:x
 expect 2 "--layers 3: 1 to 2" -- emulate $E --layers 3
-expect 2 "must equal the number of ranks (3)" -- emulate --config good.yaml --set train.device=cpu --gpus 3
+expect 2 "no plan fits cpu with 3 rank(s) (378 plans: 378 invalid settings, e.g." -- emulate --config good.yaml --set train.device=cpu --gpus 3
 out=$( (ulimit -v 3000000; "$mop" emulate --config big.yaml --gpus 1) 2>&1); rc=$?
 if [ "$rc" = 2 ] && [[ "$out" == *"memory"* ]]; then
   echo "ok: mop emulate of a job too large for this process -> 2"
@@ -194,6 +254,18 @@ expect 2 "bad_machine.yaml:1: device.memroy_gib: unknown key" -- plan --config g
 expect 2 "machine file nowhere.yaml: not found" -- plan --config good.yaml --machine nowhere.yaml
 expect 2 "'sometimes' is not one of config or auto" -- plan --config good.yaml --set train.plan=sometimes
 expect 0 "done at step 2" -- train --config good.yaml --set train.plan=auto --set train.steps=2 --set checkpoint.dir=ckpt_auto
+# validate and plan describe the run mop train does on this machine (the CPU where it has no GPU).
+trained_on=$("$mop" train --config good.yaml --set train.steps=1 --set checkpoint.dir=ckpt_device 2>&1 | sed -n 's/.*active per token) | \([a-z]*\), .*/\1/p')
+expect 0 "step on ${trained_on:-?}," -- validate --config "$src/configs/tiny.yaml" --set 'data.paths=[data/corpus]'
+expect 0 "step on ${trained_on:-?}," -- plan --config "$src/configs/tiny.yaml"
+if [ "$trained_on" = cpu ]; then
+  expect 0 "this machine has no GPU, so mop train runs this config here on the CPU" -- plan --config "$src/configs/tiny.yaml"
+fi
+# A layout of two ranks in one process: how to start it, and no checkpoint directory left behind.
+expect 2 "mop train runs as one process: start one per rank, e.g. mpirun -np 2 mop train --config good.yaml" -- train --config good.yaml --set parallel.attention.dp=2 --set checkpoint.dir=ckpt_np2
+expect 2 "data/nothing" -- train --config good.yaml --set 'data.paths=[data/nothing]' --set checkpoint.dir=ckpt_failed
+[ ! -e ckpt_np2 ] && [ ! -e ckpt_failed ] \
+  || { echo "FAIL: a start that failed left $(ls -d ckpt_np2 ckpt_failed 2> /dev/null)"; failures=$((failures + 1)); }
 expect 0 "done at step 2" -- train --config good.yaml --set model.vocab_size=151936 --set "data.paths=[data/rand]" --set data.eos_id=-1 --set train.steps=2 --set checkpoint.dir=ckpt_rand
 grep -q 'plan: "config"' ckpt_auto/config.resolved.yaml \
   || { echo "FAIL: train.plan: auto did not write the chosen plan into config.resolved.yaml"; failures=$((failures + 1)); }
@@ -201,7 +273,8 @@ grep -q 'plan: "config"' ckpt_auto/config.resolved.yaml \
 # Train, checkpoint, resume, generate.
 expect 0 "done at step 4" -- train --config good.yaml
 test -f ckpt/step_4/manifest.json || { echo "FAIL: no checkpoint written"; failures=$((failures + 1)); }
-expect 2 "nothing to do" -- train --config good.yaml
+# Asked again after its last step (a requeue loop): complete, exit 0.
+expect 0 "is at step 4 of train.steps 4: the run is complete, nothing to train" -- train --config good.yaml
 expect 0 "resumed from" -- train --config good.yaml --set train.steps=6
 # A run refused after its start-up (data it cannot read at the first step) leaves the directory's
 # config.resolved.yaml as it was; it is written once a step has run.
@@ -294,6 +367,16 @@ printf '108 105 110 101 32 49\n76 73 78 69\n' > tokens.txt
 expect 0 "mean cross-entropy" -- score --checkpoint ckpt --tokens tokens.txt --out logits.bin
 expect 0 "exported" -- export-hf ckpt --out hf_out --max-shard-size 20KB
 expect 0 "imported Qwen3MoeForCausalLM" -- import-hf hf_out --out ckpt_hf
+# import-hf: the YAML alone on stdout, the init_from hint; export-hf gives back the context length.
+expect 0 "checkpoint.init_from: ckpt_golden" -- import-hf "$src/tests/hf/golden/qwen3_moe" --out ckpt_golden
+"$mop" import-hf "$src/tests/hf/golden/qwen3_moe" --out ckpt_golden2 > golden.yaml 2> /dev/null
+if grep -qvE '^(#|model:$|moe:$|data:$|  )' golden.yaml || ! grep -q '^  max_position_embeddings: 128$' golden.yaml; then
+  echo "FAIL: import-hf's stdout is not the model YAML alone:"; head -n 5 golden.yaml | sed 's/^/    /'
+  failures=$((failures + 1))
+fi
+expect 0 "exported" -- export-hf ckpt_golden --out hf_golden
+grep -q '"max_position_embeddings": 128,' hf_golden/config.json \
+  || { echo "FAIL: export-hf did not give back max_position_embeddings 128"; failures=$((failures + 1)); }
 expect 2 "already holds checkpoints" -- import-hf hf_out --out ckpt_hf
 expect 2 "already holds a model" -- export-hf ckpt --out hf_out
 
