@@ -2,6 +2,7 @@
 // scaled by min(1, max_norm / (norm + 1e-6)).
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -119,9 +120,10 @@ void Optimizer::sync_weights() {
     if (owns(p)) ops_.copy(update_weights(p), master(p));
 }
 
-void Optimizer::set_distributed(std::vector<bool> sharded, Comm* shard_comm, Comm* world) {
-  sharded_ = std::move(sharded);
-  shard_comm_ = shard_comm;
+void Optimizer::set_distributed(std::vector<Comm*> norm_comms, Comm* world) {
+  MOP_CHECK(norm_comms.empty() || int(norm_comms.size()) == params_.num_params(), "norm comms of ",
+            norm_comms.size(), " parameters for ", params_.num_params());
+  norm_comms_ = std::move(norm_comms);
   world_ = world;
 }
 
@@ -137,26 +139,35 @@ StepReport Optimizer::step(float lr, bool defer_native) {
   if (n > 0)
     ops_.copy(Tensor(words.data(), DType::I64, {num_words}),
               Tensor(norms_.data(), DType::I64, {num_words}, norms_.device()));
-  ExactSum local, shard;
+  // Per comm (in the order of its first parameter, the same on every rank) the sum of its
+  // parameters' sums, summed over its ranks.
+  std::vector<std::pair<Comm*, ExactSum>> sums;
   for (int p = 0; p < n; ++p) {
     ExactSum s;
     const int64_t* w = words.data() + size_t(p) * kGradNormWords;
     s.add_words(uint64_t(w[0]), uint64_t(w[1]), uint64_t(w[2]));
     s.bad |= uint64_t(w[3]);
     if (s.bad && r.nonfinite_param.empty()) r.nonfinite_param = params_.layout().params[p].name;
-    (!sharded_.empty() && sharded_[p] ? shard : local).add(s);
+    Comm* comm = norm_comms_.empty() ? nullptr : norm_comms_[size_t(p)];
+    auto it =
+        std::find_if(sums.begin(), sums.end(), [&](const auto& e) { return e.first == comm; });
+    if (it == sums.end()) it = sums.insert(sums.end(), {comm, ExactSum()});
+    it->second.add(s);
   }
-  if (shard_comm_) {
-    double pieces[ExactSum::kPieces];
-    shard.to_pieces(pieces);
-    shard_comm_->all_reduce_host(pieces, ExactSum::kPieces, Comm::Op::Sum);
-    shard = ExactSum::from_pieces(pieces);
+  ExactSum local;
+  for (auto& [comm, sum] : sums) {
+    if (comm) {
+      double pieces[ExactSum::kPieces];
+      sum.to_pieces(pieces);
+      comm->all_reduce_host(pieces, ExactSum::kPieces, Comm::Op::Sum);
+      sum = ExactSum::from_pieces(pieces);
+    }
+    local.add(sum);
   }
   if (world_) {
     double bad = world_->all_reduce_host(r.nonfinite_param.empty() ? 0.0 : 1.0, Comm::Op::Max);
     if (bad > 0 && r.nonfinite_param.empty()) r.nonfinite_param = "a parameter on another rank";
   }
-  local.add(shard);
   if (local.bad && r.nonfinite_param.empty()) r.nonfinite_param = "the sum of squares (past 2^128)";
   r.grad_norm = std::sqrt(local.value());
   if (!r.nonfinite_param.empty()) return r;  // the caller skips the step or aborts

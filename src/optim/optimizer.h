@@ -71,10 +71,11 @@ class Optimizer {
   // The host-placed parameters this rank updates, in forward order (segment by segment).
   const std::vector<HostParam>& host_params() const { return host_params_; }
 
-  // Distributed gradient norm: parameters marked sharded (experts under expert parallelism) hold
-  // only this rank's share, summed over `shard_comm`; a non-finite gradient anywhere is agreed over
-  // `world` so every rank skips the same steps. Without this, everything is local.
-  void set_distributed(std::vector<bool> sharded, Comm* shard_comm, Comm* world);
+  // Distributed gradient norm: per parameter the host comm over whose ranks its gradient's pieces
+  // differ (plan/parallel_spec.h's norm_axes: stages, expert ranks, slices), its sum of squares
+  // summed there; null: every rank holds the same, counted once. A non-finite gradient anywhere is
+  // agreed over `world` so every rank skips the same steps. Without this, everything is local.
+  void set_distributed(std::vector<Comm*> norm_comms, Comm* world);
 
   bool on_host(int p) const { return !on_host_.empty() && on_host_[p]; }
   bool owns(int p) const { return owned_.empty() || owned_[p]; }
@@ -110,8 +111,7 @@ class Optimizer {
   std::vector<HostParam> host_params_;
   int64_t updates_ = 0;
   AdamWArgs args_;  // the last applied step's (weight decay per parameter on top)
-  std::vector<bool> sharded_;
-  Comm* shard_comm_ = nullptr;
+  std::vector<Comm*> norm_comms_;  // per parameter (empty: all local)
   Comm* world_ = nullptr;
 };
 

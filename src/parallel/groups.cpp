@@ -94,6 +94,8 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Mesh& mesh, CommFact
 }
 
 Axes ParallelGroups::reduced(Axes axes) const {
+  // A whole folding is a stage's ranks whichever it is.
+  if ((axes & kMoeAxes) == kMoeAxes) axes = (axes & Axes{Axis::Pp}) | kAttentionAxes;
   for (int i = 0; i < kNumAxes; ++i)
     if (mesh_.dims().size(Axis(i)) == 1) axes = axes.without(Axis(i));
   return axes;

@@ -63,9 +63,9 @@ class ParallelGroups {
 
   // The comm of `kind` over this rank's group along `axes`: the one made for exactly these axes,
   // else — axes of size 1 do not change a group (kWorldAxes with one stage is kDenseReplicas'
-  // group) — the first made for the same axes without those. Host and data comms exist for every
-  // group the step uses; side comms only on GPU ranks with their stream (side() is null otherwise:
-  // the data comm serves, blocking).
+  // group), and either folding whole is the stage — the first made for the axes so reduced. Host
+  // and data comms exist for every group the step uses; side comms only on GPU ranks with their
+  // stream (side() is null otherwise: the data comm serves, blocking).
   Comm& host(Axes axes) const { return get(CommKind::Host, axes); }
   Comm& data(Axes axes) const { return get(CommKind::Data, axes); }
   Comm* side(CommKind kind, Axes axes) const;
@@ -83,7 +83,7 @@ class ParallelGroups {
   explicit ParallelGroups(const Mesh& mesh, int rank);
   Comm* find(CommKind kind, Axes axes) const;
   Comm& get(CommKind kind, Axes axes) const;
-  Axes reduced(Axes axes) const;  // without the axes of size 1
+  Axes reduced(Axes axes) const;  // without the axes of size 1, a whole folding as dp × cp
   void add(CommKind kind, Axes axes, std::unique_ptr<Comm> comm, std::string label);
   void index();  // the lookups below, from comms_
 

@@ -45,6 +45,16 @@ struct ParallelSpec {
   int64_t slice_numel(int p, int64_t numel) const { return mop::slice_numel(numel, group_size(p)); }
   // `rank`'s index in parameter p's replica group.
   int replica_index(int rank, int p) const { return mesh().index_in(replicas(p), rank); }
+  // The axes along which the ranks' pieces of parameter p's gradient differ, over which its sum of
+  // squares is summed for the global norm: the stages (each holds its own segments), the expert
+  // ranks (each its own experts) and, sliced over several replicas, those (each a slice). Along the
+  // others every rank holds the same values, counted once.
+  Axes norm_axes(int p) const {
+    Axes a{Axis::Pp};
+    if (expert(p)) a = a | Axes{Axis::Ep};
+    if (params[size_t(p)].kind == Sharding::Slice && group_size(p) > 1) a = a | replicas(p);
+    return a;
+  }
   // Whether `rank` keeps parameter p's optimizer state and updates it.
   bool owns(int rank, int p) const {
     const ParamSharding& s = params[size_t(p)];

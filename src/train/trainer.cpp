@@ -213,15 +213,13 @@ void Trainer::build() {
   if (plan_.parallel.zero1())
     for (int p = 0; p < int(layout_.params.size()); ++p) owned.push_back(plan_.owns(world_.rank, p));
   optim_ = std::make_unique<Optimizer>(cfg_.optim, *params_, *ops_, plan_.state_on_host, owned);
-  if (world_.size > 1 && plan_.parallel.sliced()) {  // every rank holds its slices: Σ over all
-    optim_->set_distributed(std::vector<bool>(layout_.params.size(), true), &groups_->world_host(),
-                            &groups_->world_host());
-  } else if (world_.size > 1) {
-    // Whole parameters: each ep rank holds its own experts, every rank the same dense ones.
-    std::vector<bool> sharded;
-    for (const ParamDef& p : layout_.params) sharded.push_back(p.kind == ParamKind::Experts);
-    Comm* experts = groups_->size(Axis::Ep) > 1 ? &groups_->host(Axes{Axis::Ep}) : nullptr;
-    optim_->set_distributed(std::move(sharded), experts, &groups_->world_host());
+  if (world_.size > 1) {  // each parameter's norm over the ranks whose pieces of it differ
+    std::vector<Comm*> norm_comms;
+    for (int p = 0; p < int(layout_.params.size()); ++p) {
+      const Axes axes = plan_.parallel.norm_axes(p);
+      norm_comms.push_back(groups_->mesh().size(axes) > 1 ? &groups_->host(axes) : nullptr);
+    }
+    optim_->set_distributed(std::move(norm_comms), &groups_->world_host());
   }
 
   // 7. The step's schedule runs this rank's step program: gradient sums, host pipeline; with every
