@@ -70,3 +70,24 @@ TEST_CASE("parallel spec: without ZeRO, or on one rank, every rank owns every pa
     for (int r = 0; r < 4; ++r) CHECK(off.owns(r, p));
   for (int p = 0; p < int(whole.params.size()); ++p) CHECK(one.owns(0, p));
 }
+
+TEST_CASE("parallel spec: a gradient's norm is summed over the axes its pieces differ along",
+          "[cpu][plan]") {
+  const ModelLayout layout = tiny_layout(2);
+  const ParallelSpec whole = make_parallel_spec(layout, dims(2, 2, 2, 2), /*zero=*/true);
+  const ParallelSpec sliced =
+      make_parallel_spec(layout, dims(2, 2, 2, 2), /*zero=*/false, /*slice=*/true);
+  const ParallelSpec one_replica = make_parallel_spec(layout, dims(1, 2, 2, 1), false, true);
+  for (int p = 0; p < int(layout.params.size()); ++p) {
+    const bool expert = layout.params[p].kind == ParamKind::Experts;
+    INFO(layout.params[p].name);
+    // Whole (replicated or ZeRO-1 owners): every rank of a stage holds the summed gradient, but
+    // each expert rank its own experts.
+    CHECK(whole.norm_axes(p) == (expert ? Axes{Axis::Pp, Axis::Ep} : Axes{Axis::Pp}));
+    // Sliced: each replica a slice too.
+    CHECK(sliced.norm_axes(p) ==
+          (expert ? Axes{Axis::Pp, Axis::Ep, Axis::Edp} : Axes{Axis::Pp, Axis::Dp, Axis::Cp}));
+    // One replica of each expert (edp 1): its slice is the whole tensor.
+    if (expert) CHECK(one_replica.norm_axes(p) == Axes{Axis::Pp, Axis::Ep});
+  }
+}
