@@ -135,12 +135,9 @@ MeshGroup Mesh::group(Axes axes, int rank) const {
 }
 
 int Mesh::index_in(Axes axes, int rank) const {
-  const std::array<Axis, 3> f = folding(axes);
-  const MeshCoord me = coord(rank);
-  int index = 0;
-  for (Axis a : f)
-    if (axes.has(a)) index = index * dims_.size(a) + me[a];
-  return index;
+  folding(axes);
+  check_rank(rank);
+  return mesh_index(dims_, axes, rank);
 }
 
 int Mesh::on_node(Axes axes, int rank, int per_node) const {

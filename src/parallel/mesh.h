@@ -67,6 +67,19 @@ struct MeshDims {
   int world() const { return pp * stage(); }
 };
 
+// `rank`'s position in its group along `axes` (axes of one folding, pp with either), unchecked:
+// the mixed-radix number of its coordinates on those axes, outermost first (Mesh::index_in checks
+// its arguments first; this is for hot loops such as the plan's per-rank ownership).
+inline int mesh_index(const MeshDims& d, Axes axes, int rank) {
+  const int stage = d.dp * d.cp, within = rank % stage;
+  const bool moe = axes.has(Axis::Edp) || axes.has(Axis::Ep);
+  const int inner_size = moe ? d.ep : d.cp, outer_size = moe ? d.edp : d.dp;
+  int index = axes.has(Axis::Pp) ? rank / stage : 0;
+  if (axes.has(moe ? Axis::Edp : Axis::Dp)) index = index * outer_size + within / inner_size;
+  if (axes.has(moe ? Axis::Ep : Axis::Cp)) index = index * inner_size + within % inner_size;
+  return index;
+}
+
 // A rank's coordinate on every axis.
 struct MeshCoord {
   std::array<int, kNumAxes> v{};

@@ -44,7 +44,7 @@ struct ParallelSpec {
   // Slice: elements of each replica's slice of parameter p of `numel` elements.
   int64_t slice_numel(int p, int64_t numel) const { return mop::slice_numel(numel, group_size(p)); }
   // `rank`'s index in parameter p's replica group.
-  int replica_index(int rank, int p) const { return mesh().index_in(replicas(p), rank); }
+  int replica_index(int rank, int p) const { return mesh_index(dims, replicas(p), rank); }
   // The axes along which the ranks' pieces of parameter p's gradient differ, over which its sum of
   // squares is summed for the global norm: the stages (each holds its own segments), the expert
   // ranks (each its own experts) and, sliced over several replicas, those (each a slice). Along the

@@ -11,7 +11,7 @@ namespace mop {
 
 ProgramShape program_shape(const Plan& plan, int rank) {
   ProgramShape s;
-  const ModelLayout layout = ModelLayout::build(plan.dims);
+  const ModelLayout& layout = plan.local_layout();  // the parameters of every rank, in order
   s.segments = num_segments(plan.dims);
   s.micro_batches = plan.micro_batches;
   s.reduce = plan.world > 1;

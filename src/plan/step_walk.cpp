@@ -210,6 +210,13 @@ class Walk {
 WalkResult steady(const StepProgram& p, const WalkCosts& c, bool two_pass) {
   Walk w(p, c, two_pass);
   Carry in, out;
+  // Only the host update reaches into the next step; without one, one step is the steady one.
+  const bool carries = std::any_of(p.apply.begin(), p.apply.end(),
+                                   [](const Action& a) { return a.kind == ActionKind::HostUpdate; });
+  if (!carries) {
+    w.step(in, out);
+    return w.result();
+  }
   double last = -1;
   for (int i = 0; i < 8; ++i) {
     const double t = w.step(in, out);
