@@ -45,13 +45,14 @@ int config_world(const Config& cfg) {
   const auto& m = cfg.parallel.moe;
   const bool attention = cfg.is_pinned("parallel.attention.cp") || cfg.is_pinned("parallel.attention.dp");
   const bool experts = cfg.is_pinned("parallel.moe.ep") || cfg.is_pinned("parallel.moe.dp");
-  return int(!attention && experts ? m.ep * m.dp : a.cp * a.dp);
+  return int(cfg.parallel.pp * (!attention && experts ? m.ep * m.dp : a.cp * a.dp));
 }
 
 bool layout_makes(const Config& cfg, int world) {
   const auto& a = cfg.parallel.attention;
   const auto& m = cfg.parallel.moe;
-  return a.cp * a.dp == world && m.ep * m.dp == world;
+  const int64_t stage = world % cfg.parallel.pp == 0 ? world / cfg.parallel.pp : -1;
+  return a.cp * a.dp == stage && m.ep * m.dp == stage;
 }
 
 // The machine the plan describes: --machine FILE; else, on a machine without a GPU where the

@@ -483,12 +483,33 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 void validate_parallel(const Config& c, int world_size) {
   const auto& a = c.parallel.attention;
   const auto& m = c.parallel.moe;
-  const std::string fix = "; give foldings that multiply to " + std::to_string(world_size) +
+  const int64_t pp = c.parallel.pp;
+  MOP_USER_CHECK(world_size % pp == 0, "parallel.pp: ", pp, " pipeline stages do not divide the ",
+                 world_size, " ranks");
+  const int64_t stage = world_size / pp;
+  const std::string ranks = pp == 1 ? "the number of ranks (" + std::to_string(world_size) + ")"
+                                    : "the ranks of a pipeline stage (" + std::to_string(world_size) +
+                                          " / parallel.pp " + std::to_string(pp) + " = " +
+                                          std::to_string(stage) + ")";
+  const std::string fix = "; give foldings that multiply to " + std::to_string(stage) +
                           ", or set train.plan: auto to have the plan choose those the config does not give";
-  MOP_USER_CHECK(a.cp * a.dp == world_size, "parallel.attention: cp (", a.cp, ") × dp (", a.dp,
-                 ") = ", a.cp * a.dp, " must equal the number of ranks (", world_size, ")", fix);
-  MOP_USER_CHECK(m.ep * m.dp == world_size, "parallel.moe: ep (", m.ep, ") × dp (", m.dp, ") = ",
-                 m.ep * m.dp, " must equal the number of ranks (", world_size, ")", fix);
+  MOP_USER_CHECK(a.cp * a.dp == stage, "parallel.attention: cp (", a.cp, ") × dp (", a.dp,
+                 ") = ", a.cp * a.dp, " must equal ", ranks, fix);
+  MOP_USER_CHECK(m.ep * m.dp == stage, "parallel.moe: ep (", m.ep, ") × dp (", m.dp, ") = ",
+                 m.ep * m.dp, " must equal ", ranks, fix);
+  if (pp > 1) {
+    const int64_t segments = c.model.num_layers + 2;  // embedding, layers, final norm + LM head
+    const int64_t v = c.parallel.pipeline.virtual_stages;
+    MOP_USER_CHECK(c.parallel.pipeline.schedule == "interleaved" || v == 1,
+                   "parallel.pipeline.virtual_stages: ", v, " needs parallel.pipeline.schedule: interleaved");
+    MOP_USER_CHECK(pp * v <= segments, "parallel.pp: ", pp, " stages × ", v, " virtual stages need at least ",
+                   pp * v, " segments, but the model has ", segments, " (embedding, ", c.model.num_layers,
+                   " layers, final norm and LM head)");
+    MOP_USER_CHECK(!c.model.tie_embeddings, "parallel.pp: ", pp, " with model.tie_embeddings: the first and the last "
+                   "stage would share the embedding, which is not supported; untie the embeddings or set parallel.pp: 1");
+    MOP_USER_CHECK(c.moe.growth.empty() && c.moe.growth_from == 0,
+                   "parallel.pp: ", pp, " with expert growth (moe.growth) is not supported; set parallel.pp: 1");
+  }
   MOP_USER_CHECK(c.moe.num_experts % m.ep == 0, "parallel.moe.ep: ", m.ep,
                  " does not divide moe.num_experts (", c.moe.num_experts, ")");
   for (const GrowthStage& st : c.moe.growth)
@@ -500,6 +521,12 @@ void validate_parallel(const Config& c, int world_size) {
   MOP_USER_CHECK(c.train.global_batch_size % per_step == 0, "train.global_batch_size: ",
                  c.train.global_batch_size, " is not a multiple of train.micro_batch_size (",
                  c.train.micro_batch_size, ") × parallel.attention.dp (", a.dp, ")");
+  if (pp > 1 && c.parallel.pipeline.schedule == "interleaved") {
+    const int64_t micro_batches = c.train.global_batch_size / per_step;
+    MOP_USER_CHECK(micro_batches % pp == 0, "parallel.pipeline.schedule: interleaved needs the micro-batches per "
+                   "rank (", micro_batches, " = train.global_batch_size / (micro_batch_size × attention.dp)) to be "
+                   "a multiple of parallel.pp (", pp, "); use 1f1b or change the batch");
+  }
   MOP_USER_CHECK(c.data.seq_len % a.cp == 0, "data.seq_len: ", c.data.seq_len,
                  " is not divisible by parallel.attention.cp (", a.cp, ")");
 }

@@ -80,9 +80,19 @@ struct MoeFold {
   double exchange_budget = 0;
 };
 
+// Pipeline stages (the pp axis): the layers are split into `pp` stages of consecutive segments,
+// each run by world / pp ranks (attention cp × dp, experts ep × dp within the stage), micro-batches
+// passing from stage to stage.
+struct PipelineConfig {
+  std::string schedule = "1f1b";  // 1f1b | interleaved
+  int64_t virtual_stages = 1;     // interleaved: model chunks per rank (1f1b: 1)
+};
+
 struct ParallelConfig {
   AttentionFold attention;
   MoeFold moe;
+  int64_t pp = 1;  // pipeline stages
+  PipelineConfig pipeline;
   bool zero = true;  // shard the optimizer state over the ranks that replicate a parameter
   // owner: parameters whole on every replica (ZeRO-1 owners with `zero`); slice: each replica
   // keeps a slice of every parameter and its state, weights gathered per segment (ZeRO-3).

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 
 #include "core/error.h"
 #include "model/params.h"
@@ -93,6 +94,16 @@ const ModelLayout& Plan::local_layout() const {
   if (!local_layout_cache)
     local_layout_cache = std::make_shared<const ModelLayout>(ModelLayout::build(ModelDims::from(cfg, 0, ep)));
   return *local_layout_cache;
+}
+
+bool Plan::runs_segment(int rank, int s) const {
+  if (pp == 1) return true;
+  const int stage = stage_of(rank);
+  for (int c = 0; c < pp_chunks; ++c) {
+    const int v = c * pp + stage;
+    if (s >= split.first[size_t(v)] && s < split.first[size_t(v + 1)]) return true;
+  }
+  return false;
 }
 
 int64_t Plan::state_numel(int rank, int q, int64_t numel) const {
@@ -200,6 +211,47 @@ int64_t attention_tile(const Plan& p) {
   return best_s < (1 - kTileGain) * whole ? best : 0;
 }
 
+// Pipeline stages: a rank's activations are its chunks' layers' for every pass in flight — the
+// passes its schedule has begun and not yet finished backward (1F1B: up to pp − stage; the
+// interleaved schedule more). An estimate until the model keeps several passes: what a layer adds
+// to the activation plan (its input, its saved tensors, without recompute its whole set) is kept
+// per pass in flight; the rest (the shared scratch, the LM head's chunk) once.
+void pipeline_activations(const Plan& p, int rank, MemoryPlan& m) {
+  const int stage = p.stage_of(rank), M = p.micro_batches;
+  const std::vector<PipePass> passes = p.pp_schedule == "interleaved"
+                                           ? interleaved(stage, p.pp, M, p.pp_chunks)
+                                           : one_f_one_b(stage, p.pp, M);
+  // Per layer kept by a pass: the whole model's plan less the plan of one layer fewer (a MoE
+  // layer's, the kind most layers are).
+  const ModelDims whole = ModelDims::from(p.cfg, 0, p.ep);
+  ModelDims fewer = whole;
+  fewer.layers -= 1;
+  const ActivationLayout all = plan_activations(whole, p.activation_options),
+                         less = plan_activations(fewer, p.activation_options);
+  auto diff = [](size_t a, size_t b) { return a > b ? a - b : size_t(0); };
+  const size_t per_layer = diff(all.device_bytes(), less.device_bytes()),
+               per_layer_host = diff(all.host_bytes(), less.host_bytes());
+  const size_t shared = diff(all.device_bytes(), per_layer * size_t(whole.layers));
+  std::vector<int64_t> layers(size_t(p.pp_chunks), 0);
+  for (int c = 0; c < p.pp_chunks; ++c) {
+    const int v = c * p.pp + stage;
+    for (int s = p.split.first[size_t(v)]; s < p.split.first[size_t(v + 1)]; ++s)
+      layers[size_t(c)] += s >= 1 && s <= p.dims.layers;
+  }
+  int64_t kept = 0, most = 0;  // layers' activations held by the passes in flight
+  for (const PipePass& x : passes) {
+    kept += (x.forward ? 1 : -1) * layers[size_t(x.chunk)];
+    most = std::max(most, kept);
+  }
+  m.activations = shared + per_layer * size_t(most);
+  m.host_activations = diff(all.host_bytes(), per_layer_host * size_t(whole.layers)) + per_layer_host * size_t(most);
+  // By component: the whole plan's shares, scaled to the stage's total.
+  const auto parts = all.device_by_component();
+  for (size_t i = 0; i < parts.size(); ++i)
+    m.activations_by_component[i] =
+        size_t(double(parts[i]) * double(m.activations) / std::max(1.0, double(all.device_bytes())));
+}
+
 }  // namespace
 
 // Per parameter q of the rank's layout (n elements, a aligned, k its slice when sliced):
@@ -227,6 +279,7 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
     const bool sliced = parallel.params[q].kind == Sharding::Slice;
     const int64_t k = sliced ? aligned_numel(parallel.slice_numel(int(q), n)) : a;
     const int seg = param_segment(local, int(q));
+    if (!runs_segment(rank, seg)) continue;  // another pipeline stage's
     const bool on_host = !state_on_host.empty() && state_on_host[q];
     w_elems += k;
     if (sliced) gathered[size_t(seg)] += a;
@@ -251,7 +304,8 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
   };
   m.weights = size_t(w_elems + largest(gathered, slots.shared_weights)) * c;
   m.grads = size_t(g_elems + largest(in_flight, slots.shared_grads)) * g;
-  if (parallel.sliced() && !stream_grads) {
+  // (Pipeline stages: the formulas above, over the stage's parameters.)
+  if (parallel.sliced() && !stream_grads && pp == 1) {
     // What the step runs: the parameter store's slices and gather slots (model/params.h: the
     // shared slots of the largest segment, a tied embedding's own, a one-replica parameter in
     // place), every slice's gradients on the device, host-updated slices through the plain host
@@ -265,7 +319,7 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
         staged += aligned_numel(store.slice_numel(q)), staged_cpu += store.slice_numel(q);
   }
   size_t running_sums = 0;
-  if (stream_grads && !state_on_host.empty()) {
+  if (stream_grads && !state_on_host.empty() && pp == 1) {
     // What the step runs: the parameter store with the host-updated segments' gradients in the
     // shared slots (model/params.h), the host pipeline's staging (on the GPU bf16 for the two
     // segments being converted; pinned bf16 gradients and weights), and with several micro-batches
@@ -299,6 +353,7 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
   m.activations = activations.device_bytes();
   m.activations_by_component = activations.device_by_component();
   m.host_activations = activations.host_bytes();
+  if (pp > 1) pipeline_activations(*this, rank, m);
   m.workspaces = workspace_bytes(*this);
   const size_t tokens = size_t(cfg.train.micro_batch_size) * size_t(local_seq);
   m.batch = gpu ? 3 * tokens * sizeof(int32_t) : 0;
@@ -437,13 +492,35 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
   }
   ao.exchange_rows = exchange_rows(cfg.parallel.moe.exchange_budget,
                                    ao.chunk_tokens(int64_t(ao.max_batch) * ao.max_seq) * local_dims.top_k, ao.ep);
+  p.pp = int(par.pp);
+  p.pp_schedule = par.pipeline.schedule;
+  p.pp_chunks = p.pp > 1 && p.pp_schedule == "interleaved" ? int(par.pipeline.virtual_stages) : 1;
+  p.split.first = {0, num_segments(p.dims)};
   MeshDims mesh;
-  mesh.dp = p.dp, mesh.cp = p.cp, mesh.edp = p.edp, mesh.ep = p.ep;
+  mesh.pp = p.pp, mesh.dp = p.dp, mesh.cp = p.cp, mesh.edp = p.edp, mesh.ep = p.ep;
   p.parallel = make_parallel_spec(local, mesh, par.zero, par.shard == "slice");
   // On the CPU backend the gradients are in host memory already: streamed only when asked for
   // (optim.gradients: host), which runs the same schedule (the tests' way to check it).
   p.stream_grads = stream && (p.run.device != Device::CPU || cfg.optim.gradients == "host");
-  place_saved(p, local_dims);
+  if (p.pp > 1) {
+    // Pipeline stages: consecutive segments, the slowest stage as fast as can be (by the time of a
+    // micro-batch's forward and backward through each segment; the earlier stages, which hold the
+    // most passes in flight, the shorter where that ties).
+    const std::optional<StageSplit> split =
+        split_stages(segment_seconds(p), p.pp * p.pp_chunks, [](int, int, int) { return true; });
+    MOP_USER_CHECK(split.has_value(), "parallel.pp: ", p.pp, " × ", p.pp_chunks, " virtual stages do not split the ",
+                   num_segments(p.dims), " segments");
+    p.split = *split;
+    std::string stages;
+    for (int v = 0; v < p.split.stages(); ++v)
+      stages += (v ? ", " : "") + std::to_string(p.split.first[size_t(v + 1)] - p.split.first[size_t(v)]);
+    p.notes.push_back("pipeline: pp " + std::to_string(p.pp) + ", " + p.pp_schedule +
+                      (p.pp_chunks > 1 ? " over " + std::to_string(p.pp_chunks) + " chunks per rank" : std::string()) +
+                      ", " + std::to_string(p.micro_batches) + " micro-batches per step; segments per virtual stage " +
+                      stages + " (balanced by their time); mop train does not run pipelines yet: this is the "
+                      "plan's estimate");
+  }
+  if (p.pp == 1) place_saved(p, local_dims);  // a pipeline stage keeps no attention, saves none on the host
   p.activations = plan_activations(local_dims, ao);
   {
     const int64_t T = int64_t(ao.max_batch) * ao.max_seq;
@@ -488,6 +565,16 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
     used = base.weights + base.grads + base.activations + base.workspaces + base.batch + base.comms;
   }
   p.segment_on_host = place_state(p, local, used);
+  if (p.pp > 1 && cfg.optim.state_placement == "auto" && p.run.device != Device::CPU) {
+    // Pipeline stages: the stage's state on the device when all of it fits beside the rest (for
+    // the rank that needs the most), else all of it on the host.
+    Plan trial = p;
+    trial.segment_on_host.assign(p.segment_on_host.size(), false);
+    size_t most = 0;
+    for (int k = 0; k < p.pp; ++k) most = std::max(most, trial.memory_of_rank(k * p.stage_size()).device_total());
+    const double capacity = machine.device.memory_bytes - machine.device.reserve_bytes;
+    p.segment_on_host.assign(p.segment_on_host.size(), double(most) > capacity);
+  }
   const bool any_host = std::find(p.segment_on_host.begin(), p.segment_on_host.end(), true) !=
                         p.segment_on_host.end();
   if (any_host) {
@@ -539,9 +626,10 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
     p.notes.push_back("gradients of host-updated segments: sliced, each slice (fp32, on the GPU) to the "
                       "host once reduce-scattered");
 
-  // The rank that needs the most device memory (ZeRO owners differ).
+  // The rank that needs the most device memory (ZeRO owners and pipeline stages differ).
   p.memory = p.memory_of_rank(0);
-  for (int r = 1; r < world && p.parallel.zero1(); ++r) {
+  for (int r = 1; r < world; ++r) {
+    if (!p.parallel.zero1() && r % p.stage_size() != 0) continue;
     MemoryPlan m = p.memory_of_rank(r);
     if (m.device_total() > p.memory.device_total()) p.memory = m, p.memory_rank = r;
   }

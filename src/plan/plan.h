@@ -17,6 +17,7 @@
 #include "model/model_spec.h"
 #include "plan/machine.h"
 #include "plan/parallel_spec.h"
+#include "plan/pipeline.h"
 #include "plan/time_model.h"
 
 namespace mop {
@@ -64,8 +65,18 @@ struct Plan {
   RunPlacement run;
   ModelDims dims;  // the whole model (experts_local = experts)
 
-  // Foldings: attention cp × dp, experts ep × edp.
+  // Foldings of a pipeline stage's ranks: attention cp × dp, experts ep × edp.
   int cp = 1, dp = 1, ep = 1, edp = 1;
+  // Pipeline stages (parallel.pp): pp ranks along the pipeline, each running pp_chunks model chunks
+  // (virtual stages; rank r's chunk c is virtual stage c · pp + r) in pp_schedule's order; `split`
+  // gives the virtual stages' segments (one stage of every segment without a pipeline).
+  int pp = 1, pp_chunks = 1;
+  std::string pp_schedule = "1f1b";
+  StageSplit split;
+  int stage_size() const { return world / pp; }
+  int stage_of(int rank) const { return rank / stage_size(); }  // pp is the outermost axis
+  // Whether `rank` runs segment s (every segment without a pipeline).
+  bool runs_segment(int rank, int s) const;
   bool ring = false;  // cp > 1: ring attention (else Ulysses)
   int moe_chunks = 1;
   int local_seq = 0;       // tokens of each sequence on a rank (S / cp)

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 
+#include "core/error.h"
+
 #include "model/params.h"
 #include "plan/program_passes.h"
 
@@ -14,7 +16,7 @@ ProgramShape program_shape(const Plan& plan, int rank) {
   const ModelLayout& layout = plan.local_layout();  // the parameters of every rank, in order
   s.segments = num_segments(plan.dims);
   s.micro_batches = plan.micro_batches;
-  s.reduce = plan.world > 1;
+  s.reduce = plan.stage_size() > 1;  // over the replicas of a pipeline stage
   s.async_reduce = s.reduce && plan.run.device != Device::CPU && plan.cfg.parallel.overlap_grad_reduce;
   s.host_segments.assign(size_t(s.segments), false);
   bool any_host = false;
@@ -34,13 +36,46 @@ ProgramShape program_shape(const Plan& plan, int rank) {
   if (s.sliced) s.async_reduce = false;
   // Sliced: each segment's slices are gathered once their update is done (WaitUpdate first).
   s.device_update_overlapped = plan.cfg.optim.overlap && !any_host && !s.zero1;
+  if (plan.pp > 1) set_pipeline(s, plan.split, plan.stage_of(rank), plan.pp_chunks, plan.pp_schedule);
   return s;
+}
+
+void set_pipeline(ProgramShape& shape, const StageSplit& split, int stage, int chunks,
+                  const std::string& schedule) {
+  const int ranks = split.stages() / chunks;
+  MOP_CHECK(chunks >= 1 && ranks * chunks == split.stages() && stage >= 0 && stage < ranks,
+            "a pipeline of ", split.stages(), " virtual stages for rank ", stage, " with ", chunks, " chunks");
+  MOP_CHECK(split.first.back() == shape.segments, "a pipeline split of ", split.first.back(),
+            " segments for a step of ", shape.segments);
+  shape.stage = stage, shape.stages = ranks;
+  shape.chunks.clear();
+  for (int c = 0; c < chunks; ++c) {
+    const int v = c * ranks + stage;
+    shape.chunks.push_back({split.first[size_t(v)], split.first[size_t(v + 1)]});
+  }
+  shape.passes = schedule == "interleaved" ? interleaved(stage, ranks, shape.micro_batches, chunks)
+                                           : one_f_one_b(stage, ranks, shape.micro_batches);
 }
 
 bool ProgramShape::streams() const {
   for (bool s : streamed)
     if (s) return true;
   return false;
+}
+
+bool ProgramShape::runs(int s) const {
+  if (!pipelined()) return s >= 0 && s < segments;
+  for (const auto& [first, end] : chunks)
+    if (s >= first && s < end) return true;
+  return false;
+}
+
+std::pair<int, int> ProgramShape::chunk_of(int s) const {
+  if (!pipelined()) return {0, segments};
+  for (const auto& c : chunks)
+    if (s >= c.first && s < c.second) return c;
+  MOP_CHECK(false, "segment ", s, " is not run by pipeline rank ", stage);
+  return {0, 0};
 }
 
 namespace {
@@ -100,6 +135,10 @@ const char* action_name(ActionKind k) {
     case ActionKind::DeviceUpdate: return "device-update";
     case ActionKind::HostUpdate: return "host-update";
     case ActionKind::Broadcast: return "broadcast";
+    case ActionKind::RecvActivation: return "recv-act";
+    case ActionKind::SendActivation: return "send-act";
+    case ActionKind::RecvGrad: return "recv-grad";
+    case ActionKind::SendGrad: return "send-grad";
   }
   return "?";
 }
@@ -112,6 +151,7 @@ const char* stream_name(StreamKind s) {
     case StreamKind::HostCopy: return "host-copy";
     case StreamKind::Gathers: return "gathers";
     case StreamKind::Host: return "host";
+    case StreamKind::Pipe: return "pipe";
   }
   return "?";
 }
@@ -142,6 +182,11 @@ std::string program_text(const StepProgram& p) {
            (s.tied && s.streamed_segment(0) ? "; group " + std::to_string(s.segments) + " is the tied embedding's"
                                             : std::string()) +
            (s.micro_batches > 1 ? "; the running sums on the host between micro-batches)\n" : ")\n");
+  }
+  if (s.pipelined()) {
+    out += "pipeline rank " + std::to_string(s.stage) + " of " + std::to_string(s.stages) + ": segments";
+    for (const auto& [first, end] : s.chunks) out += " [" + std::to_string(first) + "," + std::to_string(end) + ")";
+    out += ", " + std::to_string(s.passes.size()) + " passes\n";
   }
   out += "gradients:\n";
   for (const Action& a : p.gradients) out += describe(a) + "\n";

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/params.h"
+#include "plan/pipeline.h"
 #include "plan/plan.h"
 
 namespace mop {
@@ -52,6 +53,12 @@ enum class ActionKind {
   StashGrads,     // segment s (not the last micro-batch): its gradients' running sum to the host
   GradNorms,      // segment s: the Σg² of its final gradients (the optimizer's global norm)
   ReleaseGrads,   // group g: its gradients' slot freed
+  // Pipeline stages (parallel.pp > 1). Segments [a, b) name the rank's model chunk the message
+  // belongs to; the peer is the neighbouring pipeline rank of that chunk's virtual stage.
+  RecvActivation,  // micro-batch m: the hidden state entering segment a, from the stage before
+  SendActivation,  // micro-batch m: the hidden state leaving segment b − 1, to the stage after
+  RecvGrad,        // micro-batch m: the gradient of the hidden state leaving b − 1, from after
+  SendGrad,        // micro-batch m: the gradient of the hidden state entering a, to the stage before
 };
 
 // Where an action's device work runs.
@@ -62,6 +69,7 @@ enum class StreamKind {
   HostCopy,  // the host pipeline's copy and upload streams, and its worker threads
   Gathers,   // the sliced weights' gathers (several GPU ranks; else the compute stream's comms)
   Host,      // the calling thread, no device work of its own
+  Pipe,      // the pipeline's sends (after the compute work issued so far)
 };
 
 struct Action {
@@ -85,8 +93,23 @@ struct ProgramShape {
   bool pool_grads = false;          // sliced, one micro-batch: whole gradients per segment in flight
   bool tied = false;                // the LM head reads the embedding (a gather group of its own)
   std::vector<bool> streamed;       // per segment: its gradients streamed (empty: none)
+  // Pipeline stages (parallel.pp > 1): this rank's pipeline index of `stages`, its model chunks
+  // (segments [first, end), consecutive; one per virtual stage it runs: chunk c is virtual stage
+  // c · stages + stage) and its passes in order (plan/pipeline.h). Empty passes: no pipeline, the
+  // rank runs every segment, each micro-batch's forward then its backward.
+  int stage = 0, stages = 1;
+  std::vector<std::pair<int, int>> chunks;
+  std::vector<PipePass> passes;
   bool streams() const;
   bool streamed_segment(int s) const { return !streamed.empty() && streamed[size_t(s)]; }
+  bool pipelined() const { return !passes.empty(); }
+  // Whether this rank runs segment s (every segment without a pipeline).
+  bool runs(int s) const;
+  // The segments [first, end) of the chunk that holds segment s (without a pipeline: all).
+  std::pair<int, int> chunk_of(int s) const;
+  // Whether chunk c is the model's first / last virtual stage (no receive / no send before it).
+  bool first_virtual(int c) const { return c == 0 && stage == 0; }
+  bool last_virtual(int c) const { return c + 1 == int(chunks.size()) && stage + 1 == stages; }
 };
 
 struct StepProgram {
@@ -98,6 +121,11 @@ struct StepProgram {
 
 // This rank's shape of the plan's step.
 ProgramShape program_shape(const Plan& plan, int rank);
+// The pipeline's part of a shape: rank `stage` of `split.stages() / chunks` pipeline ranks runs
+// virtual stages stage, stage + ranks, ... of `split` (chunks per rank) in `schedule`'s order
+// ("1f1b" or "interleaved") over `micro_batches`.
+void set_pipeline(ProgramShape& shape, const StageSplit& split, int stage, int chunks,
+                  const std::string& schedule);
 // The slots a program of this shape binds gather groups and gradients to (model/params.h).
 StepSlots program_slots(const ProgramShape& shape);
 StepProgram make_step_program(const ProgramShape& shape);

@@ -1,6 +1,7 @@
 // The skeletons and passes that make step programs (see program_passes.h).
 #include "plan/program_passes.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace mop {
@@ -31,7 +32,27 @@ ProgramDraft step_skeleton(const ProgramShape& shape, const StepSlots& slots) {
   ProgramDraft d{shape, slots, {}};
   auto add = [&](Action a) { d.anchors.push_back({a, {}, {}}); };
   if (!(shape.sliced && shape.pool_grads)) add(whole(ActionKind::ZeroGrads, -1));
-  for (int m = 0; m < shape.micro_batches; ++m) {
+  // Pipeline stages: the rank's passes in the schedule's order, each over its chunk's segments,
+  // between the messages of its neighbouring virtual stages.
+  for (const PipePass& p : shape.passes) {
+    const auto [first, end] = shape.chunks[size_t(p.chunk)];
+    const int m = p.micro_batch;
+    auto chunk = [&](ActionKind k, StreamKind stream = StreamKind::Compute) {
+      return Action{k, first, end, m, stream};
+    };
+    if (p.forward) {
+      add(chunk(ActionKind::BeginForward));
+      if (!shape.first_virtual(p.chunk)) add(chunk(ActionKind::RecvActivation));
+      for (int s = first; s < end; ++s) add(at(ActionKind::Forward, s, m));
+      if (!shape.last_virtual(p.chunk)) add(chunk(ActionKind::SendActivation, StreamKind::Pipe));
+    } else {
+      add(chunk(ActionKind::BeginBackward));
+      if (!shape.last_virtual(p.chunk)) add(chunk(ActionKind::RecvGrad));
+      for (int s = end - 1; s >= first; --s) add(at(ActionKind::Backward, s, m));
+      if (!shape.first_virtual(p.chunk)) add(chunk(ActionKind::SendGrad, StreamKind::Pipe));
+    }
+  }
+  for (int m = 0; m < shape.micro_batches && !shape.pipelined(); ++m) {
     add(whole(ActionKind::BeginForward, m));
     for (int s = 0; s < shape.segments; ++s) add(at(ActionKind::Forward, s, m));
     add(whole(ActionKind::BeginBackward, m));
@@ -44,25 +65,63 @@ ProgramDraft step_skeleton(const ProgramShape& shape, const StepSlots& slots) {
 ProgramDraft eval_skeleton(const ProgramShape& shape, const StepSlots& slots) {
   ProgramDraft d{shape, slots, {}};
   d.shape.micro_batches = 1;
-  d.anchors.push_back({whole(ActionKind::BeginForward, 0), {}, {}});
-  for (int s = 0; s < shape.segments; ++s)
-    d.anchors.push_back({at(ActionKind::Forward, s, 0), {}, {}});
+  auto add = [&](Action a) { d.anchors.push_back({a, {}, {}}); };
+  if (!shape.pipelined()) {
+    add(whole(ActionKind::BeginForward, 0));
+    for (int s = 0; s < shape.segments; ++s) add(at(ActionKind::Forward, s, 0));
+    return d;
+  }
+  // Pipeline stages: the batch through the rank's chunks in order, between their messages.
+  d.shape.passes.clear();
+  for (int c = 0; c < int(shape.chunks.size()); ++c) {
+    const auto [first, end] = shape.chunks[size_t(c)];
+    d.shape.passes.push_back({true, 0, c});
+    add({ActionKind::BeginForward, first, end, 0});
+    if (!shape.first_virtual(c)) add({ActionKind::RecvActivation, first, end, 0});
+    for (int s = first; s < end; ++s) add(at(ActionKind::Forward, s, 0));
+    if (!shape.last_virtual(c)) add({ActionKind::SendActivation, first, end, 0, StreamKind::Pipe});
+  }
   return d;
 }
 
 void add_gathers(ProgramDraft& d) {
   if (!d.shape.sliced) return;
   const int S = d.segments(), tied = d.tied_group(), slots = d.slots.shared_weights;
-  std::vector<char> gathered(size_t(S + 1), 0), has_backward(size_t(d.shape.micro_batches), 0);
+  std::vector<char> gathered(size_t(S + 1), 0);
+  // Per anchor: a forward whose micro-batch's backward over the same chunk is the next pass (its
+  // last segments stay for it).
+  std::vector<char> backward_next(d.anchors.size(), 0);
   int shared = 0;        // groups bound to the shared slots
   bool pending = false;  // a gather issued since the last join
   size_t tied_last = 0;  // the anchor of the tied embedding's last reader (segment 0 or S-1)
   for (size_t i = 0; i < d.anchors.size(); ++i) {
     const Action& x = d.anchors[i].action;
-    if (x.kind == ActionKind::Backward) has_backward[size_t(x.micro_batch)] = 1;
     if ((x.kind == ActionKind::Forward || x.kind == ActionKind::Backward) &&
         (x.begin == 0 || x.begin == S - 1))
       tied_last = i;
+    if (x.kind != ActionKind::Forward) continue;
+    size_t j = i + 1;
+    while (j < d.anchors.size() && d.anchors[j].action.kind != ActionKind::Forward &&
+           d.anchors[j].action.kind != ActionKind::Backward)
+      ++j;
+    if (j == d.anchors.size()) continue;
+    const Action& y = d.anchors[j].action;
+    const bool same_chunk = d.shape.chunk_of(y.begin) == d.shape.chunk_of(x.begin);
+    if (y.kind == ActionKind::Backward && y.micro_batch == x.micro_batch && same_chunk) backward_next[i] = 1;
+  }
+  // A pass's earlier forwards take its last forward's flag.
+  for (size_t i = d.anchors.size(); i-- > 0;) {
+    const Action& x = d.anchors[i].action;
+    if (x.kind != ActionKind::Forward || i + 1 >= d.anchors.size()) continue;
+    for (size_t j = i + 1; j < d.anchors.size(); ++j) {
+      const Action& y = d.anchors[j].action;
+      if (y.kind == ActionKind::Forward && y.micro_batch == x.micro_batch &&
+          d.shape.chunk_of(y.begin) == d.shape.chunk_of(x.begin)) {
+        backward_next[i] = backward_next[j];
+        break;
+      }
+      if (y.kind == ActionKind::Forward || y.kind == ActionKind::Backward) break;
+    }
   }
   auto gather = [&](std::vector<Action>& out, int group, int m) {
     if (std::exchange(gathered[size_t(group)], char(1))) return;
@@ -87,17 +146,19 @@ void add_gathers(ProgramDraft& d) {
     const int s = a.action.begin, m = a.action.micro_batch;
     switch (a.action.kind) {
       case ActionKind::BeginForward:
-        gather_segment(a.after, 0, m);
+        gather_segment(a.after, std::max(s, 0), m);
         break;
-      case ActionKind::Forward:
+      case ActionKind::Forward: {
+        const int end = d.shape.chunk_of(s).second;
         join(a.before, m);
-        if (s + 1 < S) gather_segment(a.before, s + 1, m);
-        if (s < S - slots || !has_backward[size_t(m)]) release(a.after, s, m);
+        if (s + 1 < end) gather_segment(a.before, s + 1, m);
+        if (s < end - slots || !backward_next[i]) release(a.after, s, m);
         break;
+      }
       case ActionKind::Backward:
         gather_segment(a.before, s, m);
         join(a.before, m);
-        if (s > 0 && shared < slots) gather_segment(a.before, s - 1, m);
+        if (s > d.shape.chunk_of(s).first && shared < slots) gather_segment(a.before, s - 1, m);
         release(a.after, s, m);
         break;
       default:
@@ -236,7 +297,7 @@ std::vector<Action> apply_actions(const ProgramShape& shape) {
   std::vector<Action> a = {whole(ActionKind::Optimizer, -1)};
   if (shape.device_update_overlapped)
     for (int s = 0; s < shape.segments; ++s)
-      a.push_back(at(ActionKind::DeviceUpdate, s, -1, StreamKind::Update));
+      if (shape.runs(s)) a.push_back(at(ActionKind::DeviceUpdate, s, -1, StreamKind::Update));
   bool any_host = false;
   for (bool h : shape.host_segments) any_host = any_host || h;
   if (any_host) a.push_back(whole(ActionKind::HostUpdate, -1, StreamKind::HostCopy));

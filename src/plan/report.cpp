@@ -233,6 +233,11 @@ std::string plan_text(const Plan& p) {
   OpTimes split;
   split.seconds = t.seconds;
   o += "\ntime per step (predicted): " + split.describe() + "\n";
+  if (p.pp > 1)
+    o += "  pipeline stage " + std::to_string(t.stage) + " of " + std::to_string(p.pp) +
+         " (the slowest; the table and the split above are its): waiting for the neighbouring stages and at the "
+         "losses " + ms(t.pipeline_bubble) + " (the bubble, in communication), messages " +
+         ms(t.pipeline_messages) + " on their own stream; the component table's memory is the whole model's\n";
   if (t.comm_total > 0)
     o += "  collectives " + ms(t.comm_total) + " in all, " + ms(t.seconds[size_t(OpCategory::Communication)]) +
          " exposed\n";

@@ -64,16 +64,17 @@ SearchResult search_plans(const Config& base, const Machine& machine, int world)
   // Streamed gradients need a GPU and state on the host.
   const bool gpu = machine.device.kind == Device::CUDA && base.train.device != "cpu";
 
-  // Attention foldings: cp × dp = world.
+  // Attention foldings: cp × dp = the ranks of a pipeline stage (parallel.pp as the config gives it).
+  const int64_t stage = base.parallel.pp >= 1 && world % base.parallel.pp == 0 ? world / base.parallel.pp : world;
   std::vector<std::pair<int64_t, int64_t>> attn;
-  for (int64_t cp : divisors(world)) {
-    const int64_t dp = world / cp;
+  for (int64_t cp : divisors(int(stage))) {
+    const int64_t dp = stage / cp;
     if ((!open_cp && cp != a.cp) || (!open_dp && dp != a.dp)) continue;
     attn.push_back({cp, dp});
   }
   std::vector<std::pair<int64_t, int64_t>> moe;
-  for (int64_t ep : divisors(world)) {
-    const int64_t dp = world / ep;
+  for (int64_t ep : divisors(int(stage))) {
+    const int64_t dp = stage / ep;
     if ((!open_ep && ep != e.ep) || (!open_edp && dp != e.dp)) continue;
     moe.push_back({ep, dp});
   }
@@ -83,7 +84,8 @@ SearchResult search_plans(const Config& base, const Machine& machine, int world)
     c.group = "invalid settings";
     c.why = "parallel.attention (cp " + std::to_string(a.cp) + " × dp " + std::to_string(a.dp) +
             ") and parallel.moe (ep " + std::to_string(e.ep) + " × dp " + std::to_string(e.dp) +
-            ") must multiply to the " + std::to_string(world) + " ranks";
+            ") must multiply to the " + std::to_string(stage) + " ranks" +
+            (stage < world ? " of a pipeline stage" : "");
     out.rejected.push_back(c);
     return out;
   }

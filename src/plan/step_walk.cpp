@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "core/error.h"
 
@@ -30,15 +31,59 @@ class Walk {
 
   // One step from `in`; returns its end on the compute stream and fills `out`.
   double step(const Carry& in, Carry& out) {
+    std::map<PipeMessage, double> none;
+    begin(in);
+    while (advance(none) == State::AtLosses) pass_losses(t_);
+    MOP_CHECK(state_ == State::Done, "a step program receives a message nobody sends");
+    return end(out);
+  }
+  enum class State { Running, Waiting, AtLosses, Done };
+  // A step in parts (a pipeline's ranks in turn): begin, advance until done — it stops at a receive
+  // whose message is not in `sent` yet (Waiting) and at read-losses (AtLosses, until
+  // pass_losses(when all ranks read them)) — and end.
+  void begin(const Carry& in) {
+    in_ = in;
     r_ = WalkResult();
-    t_ = 0, gathers_ = sums_ = copy_ = 0;
+    t_ = 0, gathers_ = sums_ = copy_ = pipe_ = 0;
+    next_ = 0, state_ = State::Running;
     const int S = p_.shape.segments;
     const size_t slots = size_t(p_.slots.shared_grads + 1);  // and the tied embedding's
     slot_free_.assign(slots, 0.0), slot_owner_.assign(slots, -1), slot_freed_order_.assign(slots, 0);
     group_slot_.assign(size_t(S + 1), -1), group_copy_end_.assign(size_t(S + 1), 0.0);
     stashed_.assign(size_t(S), 0.0), to_host_done_.assign(size_t(S), 0.0);
-    for (const Action& a : p_.gradients) run(a, in);
-    for (const Action& a : p_.apply) run(a, in);
+  }
+  State advance(std::map<PipeMessage, double>& sent) {
+    const size_t n = p_.gradients.size() + p_.apply.size();
+    while (next_ < n && state_ == State::Running) {
+      const Action& a = next_ < p_.gradients.size() ? p_.gradients[next_] : p_.apply[next_ - p_.gradients.size()];
+      if (a.kind == ActionKind::RecvActivation || a.kind == ActionKind::RecvGrad) {
+        const auto it = sent.find(pipe_message(a));
+        if (it == sent.end()) return State::Waiting;
+        wait(it->second, r_.pipeline);
+      } else if (a.kind == ActionKind::SendActivation || a.kind == ActionKind::SendGrad) {
+        pipe_ = std::max(pipe_, t_) + c_.message;
+        r_.messages_total += c_.message;
+        MOP_CHECK(sent.emplace(pipe_message(a), pipe_).second, "a pipeline message sent twice: ", describe(a));
+      } else if (a.kind == ActionKind::ReadLosses && !losses_passed_) {
+        state_ = State::AtLosses;
+        return state_;
+      } else {
+        run(a, in_);
+      }
+      losses_passed_ = false;
+      ++next_;
+    }
+    if (next_ == n) state_ = State::Done;
+    return state_;
+  }
+  double clock() const { return t_; }
+  // Every rank has reached read-losses; the last at `when`.
+  void pass_losses(double when) {
+    wait(when, r_.losses_wait);
+    losses_passed_ = true, state_ = State::Running;
+  }
+  double end(Carry& out) {
+    const int S = p_.shape.segments;
     out = Carry();
     out.weights_ready.assign(size_t(S), -INFINITY);
     for (size_t s = 0; s < ready_.size(); ++s) out.weights_ready[s] = ready_[s] - t_;
@@ -47,6 +92,7 @@ class Walk {
     return t_;
   }
   const WalkResult& result() const { return r_; }
+  State state() const { return state_; }
 
  private:
   static double at(const std::vector<double>& v, int i) {
@@ -190,6 +236,12 @@ class Walk {
       case ActionKind::Broadcast:
         t_ += c_.broadcast;
         break;
+      case ActionKind::RecvActivation:
+      case ActionKind::SendActivation:
+      case ActionKind::RecvGrad:
+      case ActionKind::SendGrad:
+        MOP_CHECK(false, "the walk runs the pipeline's messages in advance()");
+        break;
     }
   }
 
@@ -197,7 +249,11 @@ class Walk {
   const WalkCosts& c_;
   const bool two_pass_;
   WalkResult r_;
-  double t_ = 0, gathers_ = 0, sums_ = 0, copy_ = 0;
+  double t_ = 0, gathers_ = 0, sums_ = 0, copy_ = 0, pipe_ = 0;
+  Carry in_;
+  size_t next_ = 0;  // the next action: the gradients', then the apply part's
+  State state_ = State::Done;
+  bool losses_passed_ = false;
   std::vector<double> slot_free_;
   std::vector<int> slot_owner_, group_slot_;
   std::vector<uint64_t> slot_freed_order_;
@@ -226,7 +282,85 @@ WalkResult steady(const StepProgram& p, const WalkCosts& c, bool two_pass) {
   return w.result();
 }
 
+// The pipeline's ranks in one host mode, each step together, repeated until steady.
+std::vector<WalkResult> steady_pipeline(const std::vector<StepProgram>& programs,
+                                        const std::vector<WalkCosts>& costs, bool two_pass) {
+  const size_t n = programs.size();
+  std::vector<Walk> walks;
+  walks.reserve(n);
+  for (size_t r = 0; r < n; ++r) walks.emplace_back(programs[r], costs[r], two_pass);
+  std::vector<Carry> in(n), out(n);
+  bool carries = false;
+  for (const StepProgram& p : programs)
+    for (const Action& a : p.apply) carries = carries || a.kind == ActionKind::HostUpdate;
+  double last = -1;
+  for (int i = 0; i < (carries ? 8 : 1); ++i) {
+    std::map<PipeMessage, double> sent;
+    for (size_t r = 0; r < n; ++r) walks[r].begin(in[r]);
+    for (;;) {
+      bool moved = false, running = false;
+      for (Walk& w : walks) {
+        const size_t before = sent.size();
+        const Walk::State s = w.advance(sent);
+        moved = moved || sent.size() > before;
+        running = running || s == Walk::State::Waiting;
+      }
+      if (running && moved) continue;
+      bool at_losses = true;
+      double when = 0;
+      for (const Walk& w : walks) {
+        at_losses = at_losses && w.state() == Walk::State::AtLosses;
+        when = std::max(when, w.clock());
+      }
+      if (at_losses) {
+        for (Walk& w : walks) w.pass_losses(when);
+        continue;
+      }
+      bool done = true;
+      for (const Walk& w : walks) done = done && w.state() == Walk::State::Done;
+      MOP_CHECK(done, "the pipeline's step programs wait for each other forever");
+      break;
+    }
+    double t = 0;
+    for (size_t r = 0; r < n; ++r) t = std::max(t, walks[r].end(out[r]));
+    if (std::fabs(t - last) <= 1e-12 * std::max(1.0, t)) break;
+    last = t, in = out;
+  }
+  std::vector<WalkResult> results;
+  for (const Walk& w : walks) results.push_back(w.result());
+  return results;
+}
+
+double slowest(const std::vector<WalkResult>& r) {
+  double t = 0;
+  for (const WalkResult& w : r) t = std::max(t, w.step);
+  return t;
+}
+
 }  // namespace
+
+PipeMessage pipe_message(const Action& a) {
+  switch (a.kind) {
+    case ActionKind::SendActivation: return {false, a.micro_batch, a.end};
+    case ActionKind::RecvActivation: return {false, a.micro_batch, a.begin};
+    case ActionKind::SendGrad: return {true, a.micro_batch, a.begin};
+    case ActionKind::RecvGrad: return {true, a.micro_batch, a.end};
+    default: MOP_CHECK(false, "not a pipeline message: ", action_name(a.kind));
+  }
+  return {};
+}
+
+std::vector<WalkResult> walk_pipeline(const std::vector<StepProgram>& programs,
+                                      const std::vector<WalkCosts>& costs) {
+  MOP_CHECK(programs.size() == costs.size() && !programs.empty(), "a pipeline walk of ", programs.size(),
+            " programs and ", costs.size(), " costs");
+  const std::vector<WalkResult> one = steady_pipeline(programs, costs, false);
+  bool host = false;
+  for (const WalkCosts& c : costs) host = host || (c.host.overlap && c.host.total() > 0);
+  if (!host) return one;
+  const std::vector<WalkResult> two = steady_pipeline(programs, costs, true);
+  return slowest(two) < slowest(one) ? two : one;
+}
 
 WalkResult walk_step(const StepProgram& program, const WalkCosts& costs) {
   const WalkResult one = steady(program, costs, false);

@@ -7,6 +7,7 @@
 // end; the host engine updates the segments in forward order as their gradients arrive, and the
 // next step's forward waits for each segment's weights. What the compute stream waits for is
 // exposed. One step's update reaches into the next: the walk repeats the step until it is steady.
+// Pipeline stages walk together: a rank's receive waits for the neighbour's send.
 #pragma once
 
 #include <vector>
@@ -36,8 +37,18 @@ struct WalkCosts {
   std::vector<double> fetch;           // per segment: a running sum back for a later grad-slot
   std::vector<double> to_host;         // per segment: grads-to-host (host-copy stream)
   std::vector<double> device_update;   // per segment: device-update (see step_walk.cpp)
+  double message = 0;  // pipeline stages: one micro-batch's activation or gradient to a neighbour
   HostUpdateCosts host;
 };
+
+// A message between pipeline ranks: micro-batch m's activation (or its gradient) at the boundary
+// before segment `boundary`, what a send-act / send-grad sends and a recv-act / recv-grad takes.
+struct PipeMessage {
+  bool grad = false;
+  int micro_batch = 0, boundary = 0;
+  auto operator<=>(const PipeMessage&) const = default;
+};
+PipeMessage pipe_message(const Action& a);
 
 // The steady step: its end on the compute stream and what the compute stream waited for.
 struct WalkResult {
@@ -48,11 +59,21 @@ struct WalkResult {
   double fetch = 0;            // running sums coming back (compute stream)
   double host = 0;             // weights-ready, the host's previous round: the host update
   double comm_on_compute = 0;  // gradient sums and reduce-scatters issued on the compute stream
+  double pipeline = 0;         // recv-act, recv-grad: waiting for a neighbouring stage (the bubble)
+  double losses_wait = 0;      // read-losses: waiting for the other pipeline ranks
+  double messages_total = 0;   // every send of the pipeline's (hidden or not)
   double gather_total = 0, sums_total = 0;  // every gather, every sum (hidden or not)
   bool two_pass = false;                    // the host update in two passes (the faster mode)
   double host_update = 0, host_state = 0;   // the host round: until the new weights, the state pass
 };
 
 WalkResult walk_step(const StepProgram& program, const WalkCosts& costs);
+
+// The ranks of a pipeline (one program and its costs per pipeline rank) walked together: a receive
+// waits for its message, which the neighbour's send puts on its pipe stream; the losses are read
+// on every rank at once (their sum over the ranks). One result per rank; each one's step ends
+// where that rank's ends (the slowest is the step's).
+std::vector<WalkResult> walk_pipeline(const std::vector<StepProgram>& programs,
+                                      const std::vector<WalkCosts>& costs);
 
 }  // namespace mop

@@ -46,13 +46,20 @@ struct Group {
 
 class Model {
  public:
-  explicit Model(const Plan& p) : p_(p), d_(p.machine.device), l_(p.machine.link), st_() {
+  // Priced as `rank`'s step: its groups, its pipeline stage's segments.
+  Model(const Plan& p, int rank) : p_(p), d_(p.machine.device), l_(p.machine.link), st_(), rank_(rank) {
     // Ranks are laid out node by node (parallel/mesh.h): cp and ep groups are consecutive ranks,
-    // dp/edp strided. Priced as rank 0's groups.
+    // dp/edp strided, pipeline stages outermost.
     const Mesh mesh = p.parallel.mesh();
     auto group = [&](Axes axes) {
-      return Group{mesh.size(axes), mesh.on_node(axes, 0, p.machine.gpus_per_node)};
+      return Group{mesh.size(axes), mesh.on_node(axes, rank, p.machine.gpus_per_node)};
     };
+    if (p.pp > 1) {
+      // A message goes to the same position in the next stage: on this node when it holds both.
+      const int next = (p_.stage_of(rank) + 1) % p.pp * p.stage_size() + rank % p.stage_size();
+      const int node = p.machine.gpus_per_node;
+      neighbour_ = Group{2, rank / node == next / node ? 2 : 1};
+    }
     cp_group_ = group(Axes{Axis::Cp});
     ep_group_ = group(Axes{Axis::Ep});
     dense_group_ = group(kDenseReplicas);
@@ -60,9 +67,19 @@ class Model {
     c_ = double(dtype_size(p.run.compute));
   }
 
-  StepTime run();
+  StepTime run() {
+    WalkCosts w;
+    const StepProgram program = price(w);
+    return finish(walk_step(program, w));
+  }
+  // Every action's costs for this rank's program (returned); then the step from its walk.
+  StepProgram price(WalkCosts& w);
+  // The forward and backward of one micro-batch through each of the rank's segments.
+  void price_segments(WalkCosts& w);
+  StepTime finish(const WalkResult& r);
 
  private:
+  bool runs(int segment) const { return p_.runs_segment(rank_, segment); }
   // ---- pricing -------------------------------------------------------------------------------
   // Adds `seconds` of `cat` (scaled by its in-step factor) to the step, `repeat_` times; returns
   // the scaled seconds of one.
@@ -170,6 +187,8 @@ class Model {
     return p_.parallel.expert(int(q)) ? edp_group_ : dense_group_;
   }
   double c_ = 2;
+  int rank_ = 0;
+  Group neighbour_;    // a pipeline message's two ranks
   double repeat_ = 1;  // micro-batches the ops being priced run for
   int component_ = 0;
   Phase phase_ = Phase::Forward;
@@ -284,6 +303,7 @@ void Model::offload(std::vector<double>& fwd, std::vector<double>& bwd, double T
   const int L = int(d.layers);
   double total = 0, exposed = 0;
   for (int j = 0; j < o.host_layers; ++j) {
+    if (!runs(j + 1)) continue;  // another pipeline stage's layer
     double bytes = T * double(d.hidden) * c_;
     const double kept = j < o.keep_attention ? T : double(o.keep_attention_tail * o.attention_tile);
     bytes += kept * (double(d.q_width()) * c_ + double(d.heads) * 4);
@@ -488,12 +508,13 @@ void Model::layer_bwd(int l, double T) {
 void Model::optimizer(const StepProgram& program, WalkCosts& w) {
   set(kOptimizer, Phase::Backward);
   const ModelLayout& local = p_.local_layout();
-  const int rank = p_.memory_rank, segments = num_segments(p_.dims);
+  const int rank = rank_, segments = num_segments(p_.dims);
   std::vector<double> norm_bytes(size_t(segments), 0), native(size_t(segments), 0);
   std::vector<int> norm_params(size_t(segments), 0), launches(size_t(segments), 0);
   for (size_t q = 0; q < local.params.size(); ++q) {
     const int64_t n = local.params[q].numel();
     const size_t seg = size_t(param_segment(local, int(q)));
+    if (!runs(int(seg))) continue;  // another pipeline stage's
     // A sliced parameter's norm and update run on its slice.
     const double k = sliced(q) ? double(p_.parallel.slice_numel(int(q), n)) : double(n);
     norm_bytes[seg] += k * double(dtype_size(p_.run.grad)), ++norm_params[seg];
@@ -521,7 +542,8 @@ void Model::optimizer(const StepProgram& program, WalkCosts& w) {
   if (p_.parallel.zero1()) {
     double dense = 0, expert = 0;
     for (size_t q = 0; q < local.params.size(); ++q)
-      (p_.parallel.expert(int(q)) ? expert : dense) += double(local.params[q].numel()) * c_;
+      if (runs(param_segment(local, int(q))))
+        (p_.parallel.expert(int(q)) ? expert : dense) += double(local.params[q].numel()) * c_;
     w.broadcast = send_recv(dense, dense_group_) + send_recv(expert, edp_group_) +
                   local.params.size() * l_.node_latency;
     exposed_comm(w.broadcast);
@@ -550,9 +572,10 @@ void Model::action_costs(WalkCosts& w) {
     const int64_t n = local.params[q].numel();
     const int seg = param_segment(local, int(q)),
               group = tied && int(q) == local.embedding ? segments : seg;
+    if (!runs(seg)) continue;  // another pipeline stage's
     const size_t e = p_.parallel.expert(int(q)) ? 1 : 0;
     const bool host = !p_.state_on_host.empty() && p_.state_on_host[q],
-               owned = p_.owns(p_.memory_rank, int(q));
+               owned = p_.owns(rank_, int(q));
     const double k = sliced(q) ? double(p_.parallel.slice_numel(int(q), n)) : double(n);
     if (sliced(q)) {
       gather[size_t(group)][e] += double(aligned_numel(n)) * c_;
@@ -601,7 +624,7 @@ void Model::action_costs(WalkCosts& w) {
   h.rate_state = hs.adamw_state_pass;  // writes no weights: no uploads beside it
 }
 
-StepTime Model::run() {
+void Model::price_segments(WalkCosts& w) {
   for (int c = 0; c < kNumComp; ++c) st_.components.push_back({kCompNames[c]});
   const ModelDims& d = p_.dims;
   const double T = double(p_.cfg.train.micro_batch_size) * p_.local_seq;
@@ -612,26 +635,28 @@ StepTime Model::run() {
 
   // One micro-batch, segment by segment, forward then backward (priced once, counted m times).
   repeat_ = m;
-  WalkCosts w;
   std::vector<double>&fwd = w.forward, &bwd = w.backward;
   fwd.assign(size_t(segments), 0), bwd.assign(size_t(segments), 0);
-  auto timed = [&](double& into, auto&& fn) {
+  // Segment s's forward or backward priced into `into[s]`, if this rank runs it (every segment
+  // without a pipeline).
+  auto timed = [&](std::vector<double>& into, int s, auto&& fn) {
+    if (!runs(s)) return;
     const double before = st_.compute() + st_.seconds[size_t(OpCategory::Communication)];
     fn();
-    into += (st_.compute() + st_.seconds[size_t(OpCategory::Communication)] - before) / repeat_;
+    into[size_t(s)] += (st_.compute() + st_.seconds[size_t(OpCategory::Communication)] - before) / repeat_;
   };
-  timed(fwd[0], [&] {
+  timed(fwd, 0, [&] {
     set(kEmbedding, Phase::Forward);
     mem(OpCategory::Other, 3 * T * 4, d_.copy_bw);  // the micro-batch's ids, targets, positions
     sync();
     mem(OpCategory::Other, op_bytes::embedding(T, H, c_, false), d_.embedding_bw);
   });
   for (int l = 0; l < d.layers; ++l)
-    timed(fwd[size_t(l + 1)], [&] {
+    timed(fwd, l + 1, [&] {
       phase_ = Phase::Forward;
       layer_fwd(l, T);
     });
-  timed(fwd[size_t(segments - 1)], [&] {
+  timed(fwd, segments - 1, [&] {
     set(kLmHead, Phase::Forward);
     norm(T, H, false);
     // The training forward computes each chunk's logits once and from them dx and dW as well
@@ -640,12 +665,12 @@ StepTime Model::run() {
     charge(OpCategory::Loss, f / d_.lm_head_bwd.at(chunk) + 2 * d_.launch_seconds);
     flop(f);
   });
-  timed(bwd[size_t(segments - 1)], [&] {
+  timed(bwd, segments - 1, [&] {
     set(kLmHead, Phase::Backward);
     norm(T, H, true);
   });
   for (int l = int(d.layers) - 1; l >= 0; --l)
-    timed(bwd[size_t(l + 1)], [&] {
+    timed(bwd, l + 1, [&] {
       if (p_.cfg.train.recompute) {
         phase_ = Phase::Recompute;
         layer_fwd(l, T);
@@ -653,24 +678,32 @@ StepTime Model::run() {
       phase_ = Phase::Backward;
       layer_bwd(l, T);
     });
-  timed(bwd[0], [&] {
+  timed(bwd, 0, [&] {
     set(kEmbedding, Phase::Backward);
     mem(OpCategory::Other, op_bytes::embedding(T, H, c_, true), d_.embedding_bw);
   });
   offload(fwd, bwd, T);
+}
 
+StepProgram Model::price(WalkCosts& w) {
+  price_segments(w);
+  const double T = double(p_.cfg.train.micro_batch_size) * p_.local_seq, H = double(p_.dims.hidden);
   // Once per step: zero the gradients the device keeps, read the losses; the optimizer.
   repeat_ = 1;
   set(kOptimizer, Phase::Backward);
   w.zero_grads =
       charge(OpCategory::Other, double(p_.memory.grads) / d_.copy_bw + d_.launch_seconds);
   w.read_losses = charge(OpCategory::Other, d_.sync_seconds);
-  const StepProgram program = make_step_program(p_, p_.memory_rank);
+  StepProgram program = make_step_program(p_, rank_);
   optimizer(program, w);
   action_costs(w);
+  // Pipeline stages: one micro-batch's hidden state (or its gradient) to the neighbouring stage.
+  w.message = send_recv(T * H * c_, neighbour_);
+  return program;
+}
 
-  // The program against the streams' clocks; what the compute stream waited for is charged here.
-  const WalkResult r = walk_step(program, w);
+// The program against the streams' clocks; what the compute stream waited for is charged here.
+StepTime Model::finish(const WalkResult& r) {
   set(kGathers, Phase::Forward);
   overlapped_comm(r.gather_total, r.gathers);
   set(kGradSums, Phase::Backward);
@@ -680,6 +713,11 @@ StepTime Model::run() {
   st_.grad_drain_exposed = r.slots;
   st_.host_update = r.host_update, st_.host_state = r.host_state, st_.host_two_pass = r.two_pass;
   st_.host_exposed = r.host;
+  // Pipeline stages: the compute stream waiting for a neighbour's message or for the other stages
+  // at the losses (the bubble) — timed as communication by the schedule, as the receives are.
+  st_.pipeline_bubble = r.pipeline + r.losses_wait;
+  st_.pipeline_messages = r.messages_total;
+  charge(OpCategory::Communication, st_.pipeline_bubble);
   double total = 0;
   for (double s : st_.seconds) total += s;
   st_.step = total + st_.host_exposed;
@@ -712,6 +750,37 @@ double attention_seconds(const DeviceSpec& d, double flops, double batch, double
   return s;
 }
 
-StepTime predict_step_time(const Plan& plan) { return Model(plan).run(); }
+std::vector<double> segment_seconds(const Plan& plan) {
+  Plan whole = plan;
+  whole.pp = 1;  // every segment
+  Model m(whole, 0);
+  WalkCosts w;
+  m.price_segments(w);
+  std::vector<double> t(w.forward.size());
+  for (size_t s = 0; s < t.size(); ++s) t[s] = w.forward[s] + w.backward[s];
+  return t;
+}
+
+StepTime predict_step_time(const Plan& plan) {
+  if (plan.pp == 1) return Model(plan, plan.memory_rank).run();
+  // Pipeline stages: one rank of each (the memory rank's position in its stage), walked together;
+  // the step is the slowest stage's, reported with that stage's split.
+  std::vector<std::unique_ptr<Model>> models;
+  std::vector<StepProgram> programs;
+  std::vector<WalkCosts> costs(size_t(plan.pp));
+  for (int k = 0; k < plan.pp; ++k) {
+    const int rank = k * plan.stage_size() + plan.memory_rank % plan.stage_size();
+    models.push_back(std::make_unique<Model>(plan, rank));
+    programs.push_back(models.back()->price(costs[size_t(k)]));
+  }
+  const std::vector<WalkResult> walked = walk_pipeline(programs, costs);
+  StepTime slowest;
+  for (int k = 0; k < plan.pp; ++k) {
+    StepTime t = models[size_t(k)]->finish(walked[size_t(k)]);
+    t.stage = k;
+    if (k == 0 || t.step > slowest.step) slowest = std::move(t);
+  }
+  return slowest;
+}
 
 }  // namespace mop

@@ -54,6 +54,11 @@ struct StepTime {
   double comm_total = 0;    // every collective's time, hidden or not
   double offload_copies = 0, offload_exposed = 0;  // saved tensors to the host and back (s)
   double grad_drain_exposed = 0;  // in-flight gradient buffers: backward waiting for one (s)
+  // Pipeline stages (the step priced is stage `stage`'s, the slowest): its compute stream waiting
+  // for the neighbouring stages' messages and for the others at the losses (the bubble, in the
+  // communication category), and its messages' time (hidden or not).
+  int stage = 0;
+  double pipeline_bubble = 0, pipeline_messages = 0;
   double step = 0;          // predicted step time (s)
 
   const ComponentTime& of(StepComponent c) const { return components[size_t(c)]; }
@@ -63,6 +68,9 @@ struct StepTime {
 };
 
 StepTime predict_step_time(const Plan& plan);
+// Seconds of one micro-batch's forward and backward through each segment (model/params.h) on a
+// rank of the plan: what the pipeline's stages are balanced by.
+std::vector<double> segment_seconds(const Plan& plan);
 
 struct DeviceSpec;
 // Compute-stream seconds of causal attention over `batch` sequences of `seq` tokens whose causal

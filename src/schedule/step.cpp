@@ -33,7 +33,7 @@ StepSchedule::StepSchedule(const Plan& plan, StepProgram program, Transformer& m
   for (int s = 0; s < segments; ++s)
     MOP_CHECK(host[size_t(s)] == (!shape.host_segments.empty() && shape.host_segments[size_t(s)]),
               "the step program and the optimizer disagree on segment ", s, "'s host update");
-  MOP_CHECK(shape.reduce == (plan.world > 1), "the step program's gradient sums");
+  MOP_CHECK(shape.reduce == (plan.stage_size() > 1), "the step program's gradient sums");
   segment_params_.assign(size_t(segments), {});
   for (int p = 0; p < params.num_params(); ++p)
     segment_params_[size_t(param_segment(layout, p))].push_back(p);

@@ -132,6 +132,8 @@ void Trainer::build() {
   const Machine machine = machine_ ? *machine_ : run_machine(cfg_, world_);
   cfg_ = planned_config(cfg_, machine, world_.size);
   plan_ = make_plan(cfg_, machine, world_.size);
+  MOP_USER_CHECK(plan_.pp == 1, "parallel.pp: ", plan_.pp, " pipeline stages: this version plans them (mop plan) "
+                 "but does not train them yet; set parallel.pp: 1");
 
   // 2. Backend, side streams and parallel groups (attention: cp × dp, MoE: ep × dp).
   auto timed = std::make_unique<TimedOps>(make_ops(plan_.run.device, world_.local_rank));
