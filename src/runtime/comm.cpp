@@ -69,6 +69,52 @@ size_t Comm::check_all_to_all(const Tensor& out, const std::vector<int64_t>& rec
   return row_bytes;
 }
 
+void Comm::send(const Tensor&, int, int) {
+  MOP_CHECK(false, name(), " comm has no point-to-point messages (send)");
+}
+
+void Comm::recv(Tensor, int, int) {
+  MOP_CHECK(false, name(), " comm has no point-to-point messages (recv)");
+}
+
+Comm::MessageHeader Comm::message_header(const Tensor& t, int tag) {
+  MessageHeader h;
+  h.tag = tag, h.bytes = int64_t(t.bytes());
+  h.dtype = int32_t(t.dtype), h.ndim = t.ndim;
+  for (int d = 0; d < t.ndim; ++d) h.shape[d] = t.shape[size_t(d)];
+  return h;
+}
+
+void Comm::check_message_peer(const char* call, int peer) const {
+  MOP_CHECK(peer >= 0 && peer < size() && peer != rank(), name(), " ", call, " on rank ", rank(),
+            ": peer ", peer, " is not another rank of the group's ", size());
+}
+
+namespace {
+
+std::string describe(const Comm::MessageHeader& h) {
+  std::string s = "tag " + std::to_string(h.tag) + ", ";
+  if (h.dtype >= 0 && h.dtype <= int32_t(DType::U32) && h.ndim >= 0 && h.ndim <= Tensor::kMaxDims) {
+    s += dtype_name(DType(h.dtype));
+    s += "[";
+    for (int d = 0; d < h.ndim; ++d) {
+      if (d) s += ',';
+      s += std::to_string(h.shape[d]);
+    }
+    s += "] ";
+  }
+  return s + "(" + std::to_string(h.bytes) + " bytes)";
+}
+
+}  // namespace
+
+void Comm::check_message(const MessageHeader& got, const Tensor& out, int src, int tag) const {
+  MOP_CHECK(got.tag == tag && got.bytes == int64_t(out.bytes()), name(), " recv on rank ", rank(),
+            " from rank ", src, " expects ", describe(message_header(out, tag)),
+            ", but the oldest message from rank ", src, " is ", describe(got),
+            ": the sends and receives of the schedule do not pair up");
+}
+
 namespace {
 
 class SelfComm final : public Comm {
@@ -96,6 +142,9 @@ class SelfComm final : public Comm {
     MOP_CHECK(src == 0 && dst == 0, "self send_recv between ranks ", src, " and ", dst);
     copy_bytes(out, in);
   }
+  // A group of one has no other rank to send to: both refuse (check_message_peer).
+  void send(const Tensor&, int dst, int) override { check_message_peer("send", dst); }
+  void recv(Tensor, int src, int) override { check_message_peer("recv", src); }
   void broadcast(Tensor, int root) override { MOP_CHECK(root == 0, "root ", root); }
   void barrier() override {}
   void all_reduce_host(double*, int, Op) override {}

@@ -2,9 +2,10 @@
 // (one rank, no MPI) and NcclComm (device buffers, runtime/nccl_comm.h) here beside the device
 // code; in src/parallel/ MpiComm (host buffers over MPI; lets CI run multi-rank tests on CPU
 // ranks) and the in-process, stand-in and timed comms. Every call is collective over the group
-// (send_recv: over the ranks it pairs). MPI and self comms block; NCCL comms enqueue on a stream,
-// either the compute stream (ordered with the kernels around them) or their own (asynchronous:
-// join() makes the compute stream wait for them).
+// (send_recv: over the ranks it pairs; send and recv: one-directional messages, not collective).
+// MPI and self comms block; NCCL comms enqueue on a stream, either the compute stream (ordered
+// with the kernels around them) or their own (asynchronous: join() makes the compute stream wait
+// for them).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,26 @@ class Comm {
   // Point-to-point shift (a ring step): sends `in` to rank `dst` and receives `out` (the same
   // number of bytes) from rank `src`, both at once, so every rank of a ring can call it together.
   virtual void send_recv(Tensor out, int src, const Tensor& in, int dst) = 0;
+
+  // One-directional messages between pipeline stages. send() does not wait for its recv(): host
+  // comms copy `in` before they return (the caller may reuse it at once); NCCL reads it on its own
+  // stream after the compute issued before the send, so `in` stays untouched until join().
+  // Messages of one (src, dst) pair arrive in the order sent; recv() takes the oldest pending
+  // message from `src`, which must carry `tag` and out.bytes() bytes, else an Error naming both
+  // (the mismatched message is consumed): a schedule whose sends and receives do not pair up
+  // fails, it never delivers the wrong tensor. A host comm's recv() returns with `out` filled;
+  // NCCL's fills it on its own stream and the compute stream waits for it at join(). Sending to or
+  // receiving from this rank itself is an error. Comms without messages (a test's) refuse both.
+  virtual void send(const Tensor& in, int dst, int tag);
+  virtual void recv(Tensor out, int src, int tag);
+  // What a message carries beside its bytes, so that recv() can check it and name it (plain data,
+  // the same layout on every rank).
+  struct MessageHeader {
+    int64_t tag = 0, bytes = 0;
+    int32_t dtype = 0, ndim = 0;
+    int64_t shape[Tensor::kMaxDims] = {};
+  };
+
   virtual void broadcast(Tensor x, int root) = 0;
   virtual void barrier() = 0;
 
@@ -66,7 +87,9 @@ class Comm {
   // True on every rank when every rank passed the same string (e.g. the resolved config).
   bool all_equal(const std::string& s);
   // The compute stream waits for the collectives issued so far. Only asynchronous comms (NCCL on
-  // their own stream) have anything to do; the others finish within each call.
+  // their own stream) have anything to do; the others finish within each call. NCCL comms, also
+  // those on the compute stream, run send/recv on streams of their own: join() is where the
+  // compute stream waits for the messages issued so far (the sends read, the receives landed).
   virtual void join() {}
 
  protected:
@@ -76,6 +99,14 @@ class Comm {
                           const std::vector<int64_t>& recv_offsets, const Tensor& in,
                           const std::vector<int64_t>& send_counts,
                           const std::vector<int64_t>& send_offsets) const;
+
+  // The header of a message carrying `t` under `tag`.
+  static MessageHeader message_header(const Tensor& t, int tag);
+  // `peer` is another rank of the group (`call`: "send" or "recv", for the message).
+  void check_message_peer(const char* call, int peer) const;
+  // The oldest pending message from `src`, `got`, is the one recv(out, src, tag) asks for: the
+  // same tag and byte count, else an Error naming both.
+  void check_message(const MessageHeader& got, const Tensor& out, int src, int tag) const;
 };
 
 std::unique_ptr<Comm> make_self_comm();
