@@ -2,12 +2,15 @@
 // it needs from the others' inputs and writes only its own outputs, and the ranks meet again, so
 // no input changes while another rank still reads it. Outputs that may alias the rank's own input
 // (the reductions, all_gather) are built aside and written after the second meeting.
+// Messages (send/recv) do not meet: a send copies its tensor into the mailbox of its (src, dst)
+// pair, a queue in the order sent, and a recv waits for that queue's oldest message.
 #include "parallel/inprocess_comm.h"
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -30,11 +33,31 @@ struct Post {
   const int64_t* send_offsets = nullptr;
 };
 
+// One message in flight: its header (what recv checks) and a copy of its bytes.
+struct Message {
+  Comm::MessageHeader header;
+  std::vector<char> bytes;
+};
+
+// The messages from one rank to another, oldest first.
+struct Mailbox {
+  std::mutex mutex;
+  std::condition_variable arrived;
+  std::deque<Message> queue;
+};
+
 // The rendezvous of one comm's ranks.
 class Channel {
  public:
-  explicit Channel(int size) : posts_(size_t(size)) {}
+  explicit Channel(int size)
+      : posts_(size_t(size)),
+        mailboxes_(std::make_unique<Mailbox[]>(size_t(size) * size_t(size))) {}
   int size() const { return int(posts_.size()); }
+
+  // The mailbox of messages from rank `src` to rank `dst`.
+  Mailbox& mailbox(int src, int dst) {
+    return mailboxes_[size_t(src) * size_t(size()) + size_t(dst)];
+  }
 
   // Posts `mine`, meets the others, runs read(posts) (which writes this rank's outputs only),
   // meets them again, then rethrows what `read` threw: a rank that finds a mismatch still lets
@@ -76,6 +99,7 @@ class Channel {
   int arrived_ = 0;
   uint64_t generation_ = 0;
   std::vector<Post> posts_;  // slot r: rank r's, written by rank r before the first meeting
+  std::unique_ptr<Mailbox[]> mailboxes_;  // [src · size + dst]
 };
 
 // out[i] = ((x0[i] + x1[i]) + x2[i]) + … over the ranks' inputs, from element `first` on.
@@ -215,6 +239,35 @@ class InProcessComm final : public Comm {
                 " bytes, rank ", rank_, " receives ", out.bytes());
       if (from.bytes) std::memcpy(out.data, from.in, from.bytes);
     });
+  }
+
+  void send(const Tensor& in, int dst, int tag) override {
+    host(in), check_message_peer("send", dst);
+    Message m{message_header(in, tag), std::vector<char>(in.bytes())};
+    if (in.bytes()) std::memcpy(m.bytes.data(), in.data, in.bytes());
+    Mailbox& box = channel_->mailbox(rank_, dst);
+    {
+      std::lock_guard<std::mutex> lock(box.mutex);
+      box.queue.push_back(std::move(m));
+    }
+    box.arrived.notify_all();
+  }
+
+  void recv(Tensor out, int src, int tag) override {
+    host(out), check_message_peer("recv", src);
+    Mailbox& box = channel_->mailbox(src, rank_);
+    Message m;
+    {
+      std::unique_lock<std::mutex> lock(box.mutex);
+      const bool arrived = box.arrived.wait_for(
+          lock, std::chrono::duration<double>(kInProcessWaitS), [&] { return !box.queue.empty(); });
+      MOP_CHECK(arrived, "in-process recv on rank ", rank_, ": no message from rank ", src,
+                " within ", kInProcessWaitS, " s");
+      m = std::move(box.queue.front());
+      box.queue.pop_front();
+    }
+    check_message(m.header, out, src, tag);
+    if (out.bytes()) std::memcpy(out.data, m.bytes.data(), out.bytes());
   }
 
   void broadcast(Tensor x, int root) override {

@@ -1,7 +1,8 @@
 // In-process ranks: N ranks as threads of one process, exchanging host tensors through shared
 // memory — the whole Comm interface and a CommFactory over any mesh, so distributed code runs and
 // is checked in one process, without MPI. Blocking, like MpiComm: a collective returns when this
-// rank's part is done.
+// rank's part is done; a send returns once its tensor is copied, a recv once its message arrived
+// (or after kInProcessWaitS without one: an Error).
 //
 // Sums (all_reduce_sum, reduce_scatter_sum, all_reduce_host Sum) add the ranks' values in group
 // rank order, ((x0 + x1) + x2) + …, the same on every rank. With 2 ranks that is bitwise what any
@@ -36,7 +37,7 @@ std::vector<std::unique_ptr<Comm>> make_inprocess_comms(int num_ranks);
 // until it times out (kInProcessWaitS), so they fail too instead of hanging.
 void run_inprocess(int num_ranks, const std::function<void(int rank)>& fn);
 
-// Seconds a rank waits for the others at a collective before it throws.
+// Seconds a rank waits for the others at a collective, or for a message, before it throws.
 constexpr double kInProcessWaitS = 60;
 
 }  // namespace mop
