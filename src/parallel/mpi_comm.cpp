@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,13 +34,44 @@ MPI_Datatype mpi_type(DType t) {
 
 constexpr int64_t kMaxChunk = INT_MAX / 2;  // elements per MPI call
 constexpr int kShiftTag = 77;
+// Messages of channel c: headers under MPI tag kMessageTag0 + 2c, bytes under the next. MPI
+// guarantees tags up to 32767 at least.
+constexpr int kMessageTag0 = 1000;
+constexpr int kMaxChannels = (32767 - kMessageTag0) / 2;
 
 class MpiComm final : public Comm {
  public:
-  explicit MpiComm(MPI_Comm comm) : comm_(comm) {
+  MpiComm(MPI_Comm comm, int channel)
+      : comm_(comm), header_tag_(kMessageTag0 + 2 * channel), bytes_tag_(header_tag_ + 1) {
+    MOP_CHECK(channel >= 0 && channel < kMaxChannels, "MPI comm channel ", channel, " (at most ",
+              kMaxChannels, " comms per group)");
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
   }
+
+  // Sends still in flight are waited for (their peers receive them), except while an exception
+  // unwinds or after MPI_Finalize: then they are left to MPI with their buffers, which leak, as
+  // a peer that never receives would leave the wait hanging.
+  ~MpiComm() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) {
+      for (auto& m : sending_) (void)m.release();
+      return;
+    }
+    const bool unwinding = std::uncaught_exceptions() > 0;
+    for (auto& m : sending_) {
+      if (!unwinding) {
+        MPI_Waitall(int(m->requests.size()), m->requests.data(), MPI_STATUSES_IGNORE);
+        continue;
+      }
+      for (MPI_Request& r : m->requests)
+        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+      (void)m.release();
+    }
+  }
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "mpi"; }
@@ -113,6 +147,47 @@ class MpiComm final : public Comm {
     }
   }
 
+  void send(const Tensor& in, int dst, int tag) override {
+    host(in), check_message_peer("send", dst);
+    reap_sends();
+    auto m = std::make_unique<Sending>();
+    m->header = message_header(in, tag);
+    m->bytes.resize(in.bytes());
+    if (in.bytes()) std::memcpy(m->bytes.data(), in.data, in.bytes());
+    m->requests.reserve(1 + in.bytes() / size_t(kMaxChunk) + 1);
+    auto post = [&](const void* p, size_t n, int mpi_tag) {
+      m->requests.push_back(MPI_REQUEST_NULL);
+      MOP_MPI_CHECK(MPI_Isend(p, int(n), MPI_BYTE, dst, mpi_tag, comm_, &m->requests.back()));
+    };
+    post(&m->header, sizeof m->header, header_tag_);
+    for (size_t done = 0; done < m->bytes.size(); done += size_t(kMaxChunk))
+      post(m->bytes.data() + done, std::min<size_t>(size_t(kMaxChunk), m->bytes.size() - done),
+           bytes_tag_);
+    sending_.push_back(std::move(m));
+  }
+
+  void recv(Tensor out, int src, int tag) override {
+    host(out), check_message_peer("recv", src);
+    reap_sends();
+    MessageHeader got;
+    MOP_MPI_CHECK(
+        MPI_Recv(&got, int(sizeof got), MPI_BYTE, src, header_tag_, comm_, MPI_STATUS_IGNORE));
+    const bool pairs = got.tag == tag && got.bytes == int64_t(out.bytes());
+    // A mismatched message's bytes go to a scratch chunk, so the next one pairs up again.
+    std::vector<char> scratch(
+        pairs ? 0 : size_t(std::min<int64_t>(std::max<int64_t>(got.bytes, 0), kMaxChunk)));
+    char* to = static_cast<char*>(out.data);
+    for (int64_t done = 0; done < got.bytes; done += kMaxChunk) {
+      const int n = int(std::min(kMaxChunk, got.bytes - done));
+      MOP_MPI_CHECK(MPI_Recv(pairs ? to + done : scratch.data(), n, MPI_BYTE, src, bytes_tag_,
+                             comm_, MPI_STATUS_IGNORE));
+    }
+    check_message(got, out, src, tag);
+  }
+
+  // Nothing to wait for (a send never waits for its receive); frees the sends MPI has finished.
+  void join() override { reap_sends(); }
+
   void broadcast(Tensor x, int root) override {
     host(x);
     MOP_CHECK(x.bytes() <= size_t(INT_MAX), "broadcast message too large");
@@ -130,8 +205,27 @@ class MpiComm final : public Comm {
   static void host(const Tensor& t) {
     MOP_CHECK(t.device == Device::CPU, "MpiComm moves host buffers only");
   }
+  // A sent message until MPI is done with its header and bytes.
+  struct Sending {
+    MessageHeader header;
+    std::vector<char> bytes;
+    std::vector<MPI_Request> requests;
+  };
+  // Frees the sends MPI has finished, oldest first (later ones usually finish later).
+  void reap_sends() {
+    while (!sending_.empty()) {
+      Sending& m = *sending_.front();
+      int done = 0;
+      MOP_MPI_CHECK(
+          MPI_Testall(int(m.requests.size()), m.requests.data(), &done, MPI_STATUSES_IGNORE));
+      if (!done) return;
+      sending_.pop_front();
+    }
+  }
   MPI_Comm comm_;
+  int header_tag_, bytes_tag_;  // this comm's channel
   int rank_ = 0, size_ = 1;
+  std::deque<std::unique_ptr<Sending>> sending_;
 };
 
 class MpiCommFactory final : public CommFactory {
@@ -139,7 +233,8 @@ class MpiCommFactory final : public CommFactory {
   MpiCommFactory() { MOP_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_)); }
   int rank() const override { return rank_; }
   std::unique_ptr<Comm> host(const MeshGroup& group) override {
-    return make_mpi_comm(communicator(group));
+    MPI_Comm comm = communicator(group);
+    return make_mpi_comm(comm, 1 + made_[group.axes]++);
   }
   void share_watchdog(CollectiveWatchdog& dog) override { dog.share_with_peers(); }
 
@@ -173,11 +268,14 @@ class MpiCommFactory final : public CommFactory {
   };
   int rank_ = 0;
   std::map<Axes, Split> splits_;
+  std::map<Axes, int> made_;  // comms made so far per group: the next one's message channel
 };
 
 }  // namespace
 
-std::unique_ptr<Comm> make_mpi_comm(MPI_Comm comm) { return std::make_unique<MpiComm>(comm); }
+std::unique_ptr<Comm> make_mpi_comm(MPI_Comm comm, int channel) {
+  return std::make_unique<MpiComm>(comm, channel);
+}
 
 std::unique_ptr<CommFactory> make_mpi_comm_factory() { return std::make_unique<MpiCommFactory>(); }
 
