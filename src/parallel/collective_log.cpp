@@ -46,6 +46,14 @@ class RecordingComm final : public Comm {
          std::to_string(dst));
     inner_->send_recv(out, src, in, dst);
   }
+  void send(const Tensor& in, int dst, int tag) override {
+    note("send " + shape_of(in) + " to " + std::to_string(dst) + " tag " + std::to_string(tag));
+    inner_->send(in, dst, tag);
+  }
+  void recv(Tensor out, int src, int tag) override {
+    note("recv " + shape_of(out) + " from " + std::to_string(src) + " tag " + std::to_string(tag));
+    inner_->recv(out, src, tag);
+  }
   void broadcast(Tensor x, int root) override {
     note("broadcast " + shape_of(x) + " root " + std::to_string(root));
     inner_->broadcast(x, root);

@@ -7,6 +7,8 @@
 //   all_reduce_sum, broadcast, barrier: leave the tensor as it is (every rank alike)
 //   all_to_all_v        each received span ← rows of `in` from its first row on, repeated as needed
 //   send_recv           out ← in
+//   send                nothing (no peer exists; the peer must be another rank of the group)
+//   recv                nothing arrives: `out` keeps what it held, as all_reduce_sum's tensor
 //   all_reduce_host     Sum: × size (every rank contributes what this one does); Max, Min: as is
 //   all_gather_expert_counts  this rank's counts as given; every other rank's from `expert_counts`
 //                       (the routing model), so the experts receive what that model sends them

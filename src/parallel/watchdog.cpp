@@ -155,6 +155,8 @@ class WatchedComm final : public Comm {
     reduce_scatter_ = dog_.intern(prefix + "reduce_scatter_sum");
     all_to_all_ = dog_.intern(prefix + "all_to_all_v");
     send_recv_ = dog_.intern(prefix + "send_recv");
+    send_ = dog_.intern(prefix + "send");
+    recv_ = dog_.intern(prefix + "recv");
     broadcast_ = dog_.intern(prefix + "broadcast");
     barrier_ = dog_.intern(prefix + "barrier");
     host_reduce_ = dog_.intern(prefix + "all_reduce_host");
@@ -192,6 +194,15 @@ class WatchedComm final : public Comm {
     ScopedCollective watched(dog_, send_recv_);
     inner_->send_recv(out, src, in, dst);
   }
+  void send(const Tensor& in, int dst, int tag) override {
+    ScopedCollective watched(dog_, send_);
+    inner_->send(in, dst, tag);
+  }
+  // A receive whose message never comes (a peer died, or the schedule lost a send) fires here.
+  void recv(Tensor out, int src, int tag) override {
+    ScopedCollective watched(dog_, recv_);
+    inner_->recv(out, src, tag);
+  }
   void broadcast(Tensor x, int root) override {
     ScopedCollective watched(dog_, broadcast_);
     inner_->broadcast(x, root);
@@ -211,8 +222,8 @@ class WatchedComm final : public Comm {
   std::unique_ptr<Comm> inner_;
   CollectiveWatchdog& dog_;
   // Names interned in the watchdog, so they outlive this Comm for a watcher reading one late.
-  const char *all_reduce_, *all_gather_, *reduce_scatter_, *all_to_all_, *send_recv_, *broadcast_, *barrier_,
-      *host_reduce_;
+  const char *all_reduce_, *all_gather_, *reduce_scatter_, *all_to_all_, *send_recv_, *send_,
+      *recv_, *broadcast_, *barrier_, *host_reduce_;
 };
 
 }  // namespace
