@@ -1,11 +1,15 @@
 // NCCL collectives on device tensors, enqueued on the backend's stream; the communicator is
 // bootstrapped through a host comm of the same group (rank 0's id broadcast to the group).
 // Variable all-to-all is one NCCL group of send/recv pairs with byte counts, so rows of any dtype
-// move unchanged.
+// move unchanged. Messages (send/recv) travel on lanes: one per direction of a pair of ranks, each
+// a two-rank NCCL communicator with a stream of its own (see nccl_comm.h for why).
 #include "runtime/nccl_comm.h"
 
+#include <algorithm>
 #include <exception>
+#include <map>
 #include <string>
+#include <utility>
 
 #include "runtime/cuda_check.h"
 #include "runtime/nccl_check.h"
@@ -32,6 +36,22 @@ ncclDataType_t nccl_sum_type(DType t) {
   return ncclFloat32;
 }
 
+// Host-comm tags of the messages' bookkeeping (the host comm serves this NCCL comm alone).
+constexpr int kLaneIdsTag = -2;  // the two NCCL ids of a pair's lanes, lower rank to higher
+constexpr int kHeaderTag = -1;   // each message's header, sender to receiver
+
+// A communicator that may have a stuck operation (an exception unwinding, an asynchronous error)
+// is aborted, which returns at once; a healthy one is destroyed, which waits until it is quiescent
+// on every rank. Errors here cannot be reported.
+void close_nccl(ncclComm_t comm) {
+  ncclResult_t async = ncclSuccess;
+  if (ncclCommGetAsyncError(comm, &async) != ncclSuccess) async = ncclInternalError;
+  if (std::uncaught_exceptions() > 0 || async != ncclSuccess)
+    ncclCommAbort(comm);
+  else
+    ncclCommDestroy(comm);
+}
+
 class NcclComm final : public Comm {
  public:
   NcclComm(Comm& host, cudaStream_t stream, cudaStream_t follow)
@@ -50,18 +70,15 @@ class NcclComm final : public Comm {
   }
 
   ~NcclComm() override {
-    // ncclCommDestroy finalizes first: it flushes the issued work and waits until the
-    // communicator is quiescent on every rank. While an exception unwinds or after an asynchronous
-    // error the peers may never get there, so the communicator is aborted instead (local, returns
-    // at once). Errors here cannot be reported.
-    ncclResult_t async = ncclSuccess;
-    if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess) async = ncclInternalError;
-    if (std::uncaught_exceptions() > 0 || async != ncclSuccess)
-      ncclCommAbort(comm_);
-    else
-      ncclCommDestroy(comm_);
+    close_nccl(comm_);
+    for (auto& [key, lane] : lanes_) {
+      close_nccl(lane.comm);
+      cudaEventDestroy(lane.done);
+      cudaStreamDestroy(lane.stream);
+    }
     if (ready_) cudaEventDestroy(ready_);
     if (done_) cudaEventDestroy(done_);
+    if (issued_) cudaEventDestroy(issued_);
   }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -159,6 +176,31 @@ class NcclComm final : public Comm {
     end();
   }
 
+  void send(const Tensor& in, int dst, int tag) override {
+    device(in), check_message_peer("send", dst);
+    Lane& lane = open_lane(rank_, dst);
+    MessageHeader h = message_header(in, tag);
+    host_.send(Tensor(&h, DType::U8, {int64_t(sizeof h)}), dst, kHeaderTag);
+    if (in.bytes() == 0) return;
+    after_compute(lane);
+    MOP_NCCL_CHECK(ncclSend(in.data, in.bytes(), ncclUint8, 1, lane.comm, lane.stream));
+    issued(lane);
+  }
+
+  void recv(Tensor out, int src, int tag) override {
+    device(out), check_message_peer("recv", src);
+    Lane& lane = open_lane(src, rank_);
+    MessageHeader got;
+    host_.recv(Tensor(&got, DType::U8, {int64_t(sizeof got)}), src, kHeaderTag);
+    // On a mismatch the sender's bytes are never received: its lane stays stuck, and the error
+    // ends the job (World::abort), as any internal error does.
+    check_message(got, out, src, tag);
+    if (out.bytes() == 0) return;
+    after_compute(lane);
+    MOP_NCCL_CHECK(ncclRecv(out.data, out.bytes(), ncclUint8, 0, lane.comm, lane.stream));
+    issued(lane);
+  }
+
   void broadcast(Tensor x, int root) override {
     device(x);
     MOP_CHECK(root >= 0 && root < size_, "broadcast root ", root, " of ", size_, " ranks");
@@ -171,14 +213,21 @@ class NcclComm final : public Comm {
   void barrier() override {
     // Device work first: a barrier means "everything issued before it is done on every rank".
     MOP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    ncclResult_t async = ncclSuccess;
-    MOP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
-    MOP_NCCL_CHECK(async);
+    check_async(comm_);
+    for (auto& [key, lane] : lanes_) {
+      MOP_CUDA_CHECK(cudaStreamSynchronize(lane.stream));
+      check_async(lane.comm);
+    }
     host_.barrier();
   }
 
   void join() override {
     if (follow_) MOP_CUDA_CHECK(cudaStreamWaitEvent(follow_, done_, 0));
+    for (auto& [key, lane] : lanes_)
+      if (lane.pending) {
+        MOP_CUDA_CHECK(cudaStreamWaitEvent(compute(), lane.done, 0));
+        lane.pending = false;
+      }
   }
 
   void all_reduce_host(double* values, int n, Op op) override { host_.all_reduce_host(values, n, op); }
@@ -199,11 +248,77 @@ class NcclComm final : public Comm {
   void end() {
     if (follow_) MOP_CUDA_CHECK(cudaEventRecord(done_, stream_));
   }
+  static void check_async(ncclComm_t comm) {
+    ncclResult_t async = ncclSuccess;
+    MOP_NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+    MOP_NCCL_CHECK(async);
+  }
+
+  // One direction of messages between two ranks: a two-rank communicator (the sender is its rank
+  // 0), the stream its operations run on, and the end of the last one for join().
+  struct Lane {
+    ncclComm_t comm = nullptr;
+    cudaStream_t stream = nullptr;
+    cudaEvent_t done = nullptr;
+    bool pending = false;  // issued since the last join()
+  };
+  // The stream the messages follow: the followed compute stream, or the comm's own when it runs
+  // on the compute stream.
+  cudaStream_t compute() const { return follow_ ? follow_ : stream_; }
+
+  // The lane from `src` to `dst`, one of them this rank. The first message between two ranks, in
+  // either direction, makes both lanes of the pair (lower to higher rank first) on both ranks: a
+  // collective of the two, so each waits on the host for the other's first message with it.
+  // Making both at once keeps two ranks whose first messages are sends to each other apart from
+  // deadlock, as each would wait in its lane's setup for the other's.
+  Lane& open_lane(int src, int dst) {
+    auto it = lanes_.find({src, dst});
+    if (it != lanes_.end()) return it->second;
+    const int peer = src == rank_ ? dst : src, lo = std::min(rank_, peer),
+              hi = std::max(rank_, peer);
+    ncclUniqueId ids[2] = {};
+    const Tensor ids_bytes(ids, DType::U8, {int64_t(sizeof ids)});
+    if (rank_ == lo) {
+      MOP_NCCL_CHECK(ncclGetUniqueId(&ids[0]));
+      MOP_NCCL_CHECK(ncclGetUniqueId(&ids[1]));
+      host_.send(ids_bytes, hi, kLaneIdsTag);
+    } else {
+      host_.recv(ids_bytes, lo, kLaneIdsTag);
+    }
+    const std::pair<int, int> directions[2] = {{lo, hi}, {hi, lo}};
+    for (int i = 0; i < 2; ++i) {
+      Lane lane;
+      MOP_CUDA_CHECK(cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking));
+      MOP_CUDA_CHECK(cudaEventCreateWithFlags(&lane.done, cudaEventDisableTiming));
+      const int lane_rank = directions[i].first == rank_ ? 0 : 1;
+      const ncclResult_t rc = ncclCommInitRank(&lane.comm, 2, ids[i], lane_rank);
+      if (rc != ncclSuccess) {
+        cudaEventDestroy(lane.done);
+        cudaStreamDestroy(lane.stream);
+      }
+      MOP_NCCL_CHECK(rc);
+      lanes_.emplace(directions[i], lane);
+    }
+    return lanes_.at({src, dst});
+  }
+  // A message's operation starts after the compute issued before it: a send's tensor is written
+  // there, and a receive's buffer may still be read there.
+  void after_compute(Lane& lane) {
+    if (!issued_) MOP_CUDA_CHECK(cudaEventCreateWithFlags(&issued_, cudaEventDisableTiming));
+    MOP_CUDA_CHECK(cudaEventRecord(issued_, compute()));
+    MOP_CUDA_CHECK(cudaStreamWaitEvent(lane.stream, issued_, 0));
+  }
+  void issued(Lane& lane) {
+    MOP_CUDA_CHECK(cudaEventRecord(lane.done, lane.stream));
+    lane.pending = true;
+  }
   Comm& host_;
   std::unique_ptr<Comm> owned_host_;  // when the comm keeps its host comm (make_nccl_comm's overload)
   cudaStream_t stream_;
   cudaStream_t follow_;                          // null: collectives run on the compute stream
   cudaEvent_t ready_ = nullptr, done_ = nullptr;  // asynchronous comms only
+  cudaEvent_t issued_ = nullptr;                  // messages: the compute issued before one
+  std::map<std::pair<int, int>, Lane> lanes_;     // by (src, dst)
   ncclComm_t comm_ = nullptr;
   int rank_, size_;
 };

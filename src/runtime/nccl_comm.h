@@ -31,6 +31,21 @@ namespace mop {
 // device collective first waits for the work issued on `follow` so far, then runs on `stream`
 // alongside the compute that follows; join() makes `follow` wait for the collectives issued so
 // far. The caller keeps the buffers of a collective untouched until it has joined.
+//
+// Messages (send/recv, comm.h): NCCL runs the operations of one communicator one after another,
+// whatever their streams, and a send waits on the GPU for its receive, so a send and a receive on
+// one communicator would block each other (two neighbours sending to each other at once, as a
+// pipeline's steady phase does, would deadlock). Each direction between two ranks is therefore a
+// lane of its own: a two-rank NCCL communicator and a stream, made when the two ranks first
+// exchange a message in either direction (both lanes of the pair at once; each rank waits on the
+// host for the other's first message with it). A message's operation starts on its lane after the
+// compute issued before it; join() makes the compute stream (the followed one, or `stream` itself
+// for a comm on the compute stream) wait for every message issued since: only then may a sent
+// tensor be overwritten or a received one read. A send issues at once; a recv waits on the host
+// for the message's header (tag, dtype, shape, bytes), which the sender passes through the host
+// comm, checks it (comm.h's error on a mismatch) and issues. The order of one lane is FIFO. Avoid
+// joining between a send and a receive the peer needs before it receives: the join waits on the
+// GPU for the send's receive.
 std::unique_ptr<Comm> make_nccl_comm(Comm& host, Stream stream, Stream follow = Stream());
 // The same, keeping `host` as long as the result lives.
 std::unique_ptr<Comm> make_nccl_comm(std::unique_ptr<Comm> host, Stream stream, Stream follow = Stream());
