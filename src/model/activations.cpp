@@ -52,6 +52,36 @@ size_t ActivationLayout::device_bytes() const {
   return arena_bytes() + attention_bytes + dispatch_device_bytes;
 }
 
+namespace {
+// Banks 1..passes-1: a copy of every per-pass buffer appended after bank 0's, a view within its
+// own bank's copy of the buffer it lies in; slot_of[b][i] is bank b's slot of bank 0's slot i.
+void add_banks(std::vector<BufferSpec>& specs, std::vector<std::vector<int>>& slot_of, int passes) {
+  const size_t n = specs.size();
+  slot_of.assign(size_t(passes), std::vector<int>(n));
+  for (size_t i = 0; i < n; ++i) {
+    slot_of[0][i] = int(i);
+    const BufferSpec& b = specs[i];
+    MOP_CHECK(b.within < 0 || specs[size_t(b.within)].per_pass == b.per_pass,
+              "activation plan: a view of slot ", b.within, " in another bank");
+  }
+  for (size_t bank = 1; bank < size_t(passes); ++bank)
+    for (size_t i = 0; i < n; ++i) {
+      if (!specs[i].per_pass) {
+        slot_of[bank][i] = int(i);
+        continue;
+      }
+      const BufferSpec copy = specs[i];
+      slot_of[bank][i] = int(specs.size());
+      specs.push_back(copy);
+    }
+  for (size_t bank = 1; bank < size_t(passes); ++bank)
+    for (size_t i = 0; i < n; ++i) {
+      BufferSpec& b = specs[size_t(slot_of[bank][i])];
+      if (specs[i].per_pass && b.within >= 0) b.within = slot_of[bank][size_t(b.within)];
+    }
+}
+}  // namespace
+
 int64_t exchange_rows(double budget, int64_t rows_per_rank, int ep) {
   if (budget <= 0 || ep <= 1) return 0;
   const double rows = std::ceil(budget * double(rows_per_rank));  // huge budgets: compared as doubles
@@ -91,13 +121,29 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
             "kept attention tails of ", o.keep_attention_tail, " tiles need recompute, cp 1, one "
             "sequence per micro-batch and fewer tiles than its ", o.max_seq, " tokens hold (tile ",
             o.attention_tile, ")");
+  // The stage: its segments, the layers among them, and the layer inputs they read or write
+  // (segment 0 writes x_0, layer l reads x_l and writes x_{l+1}, the head reads x_L).
+  const int L_ = int(d.layers);
+  L.first_segment = o.first_segment;
+  L.end_segment = o.end_segment < 0 ? L_ + 2 : o.end_segment;
+  MOP_CHECK(0 <= L.first_segment && L.first_segment < L.end_segment && L.end_segment <= L_ + 2,
+            "a stage of segments [", o.first_segment, ",", o.end_segment, ") of ", L_ + 2);
+  MOP_CHECK(o.passes_in_flight >= 1, "passes in flight: ", o.passes_in_flight);
+  L.first_layer = std::max(L.first_segment, 1) - 1;
+  L.end_layer = std::max(L.first_layer, std::min(L.end_segment, L_ + 1) - 1);
+  const int x_lo = std::min(L.first_layer, L_), x_hi = std::min(L.end_segment - 1, L_);
+  const bool head = L.end_segment == L_ + 2, layers = L.end_layer > L.first_layer;
+  // Inputs of the stage's layers that may go to host memory: not a received one.
+  const int host_lo = L.first_layer + (L.first_segment >= 1 ? 1 : 0);
+  const auto host_input = [&](int l) { return l >= host_lo && l < L.end_layer && l < o.host_layers; };
   Component comp = Component::Checkpoints;
+  bool per_pass = true;  // what the next buffers are (see passes_in_flight)
   auto add = [&](DType dt, std::initializer_list<int64_t> dims) {
-    L.device.push_back({Tensor(nullptr, dt, dims), comp});
+    L.device.push_back({Tensor(nullptr, dt, dims), comp, per_pass});
     return int(L.device.size()) - 1;
   };
   auto host = [&](DType dt, std::initializer_list<int64_t> dims) {
-    L.host.push_back({Tensor(nullptr, dt, dims), comp});
+    L.host.push_back({Tensor(nullptr, dt, dims), comp, per_pass});
     return int(L.host.size()) - 1;
   };
   auto c = [&](std::initializer_list<int64_t> dims) { return add(cdt, dims); };
@@ -106,9 +152,9 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
 
   // Saved tensors: the layer inputs (those of host layers pass through two device stages), x_L,
   // and the kept attention outputs.
-  const int L_ = int(d.layers);
   int stage[2] = {-1, -1};
-  for (int s = 0; s < std::min(2, o.host_layers); ++s) stage[s] = c({T, H});
+  for (int l = 0; l < L_; ++l)
+    if (host_input(l) && stage[l % 2] < 0) stage[l % 2] = c({T, H});
   L.xs_host.assign(size_t(L_), -1);
   L.attn_saved.assign(size_t(L_), -1), L.lse_saved.assign(size_t(L_), -1);
   L.attn_host.assign(size_t(L_), -1), L.lse_host.assign(size_t(L_), -1);
@@ -116,10 +162,14 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
   L.tail_host.assign(size_t(L_), -1), L.tail_lse_host.assign(size_t(L_), -1);
   L.tail_rows = tail_rows;
   for (int l = 0; l <= L_; ++l) {
-    if (l < o.host_layers) {
+    if (l < x_lo || l > x_hi) {
+      L.xs.push_back(-1);
+      continue;
+    }
+    if (host_input(l)) {
       L.xs.push_back(stage[l % 2]);
       L.xs_host[size_t(l)] = host(cdt, {T, H});
-    } else if (l == L_ && o.host_layers == L_ && L_ >= 2) {
+    } else if (l == L_ && o.host_layers == L_ && L_ >= 2 && head && host_input(L_ - 2)) {
       // Every layer's input on the host: x_L (read by the final norm, forward and backward, and
       // never copied out) takes x_{L-2}'s stage once that is on the host; x_{L-2} comes back
       // into it during layer L-1's backward, after the final norm's.
@@ -127,6 +177,7 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
     } else {
       L.xs.push_back(c({T, H}));
     }
+    if (l < L.first_layer || l >= L.end_layer) continue;
     if (l < o.keep_attention) {
       if (l < o.host_layers) {
         L.attn_host[size_t(l)] = host(cdt, {T, Q}), L.lse_host[size_t(l)] = host(adt, {T * d.heads});
@@ -142,9 +193,17 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
       }
     }
   }
-  const int sets = o.recompute ? 1 : L_;
-  const bool any_moe = d.num_moe_layers() > 0, any_dense = d.first_dense > 0;
+  const int sets = !layers ? 0 : o.recompute ? 1 : L.end_layer - L.first_layer;
+  bool any_moe = false, any_dense = false, recomputes_attention = false;
+  for (int l = L.first_layer; l < L.end_layer; ++l) {
+    (d.is_moe(l) ? any_moe : any_dense) = true;
+    recomputes_attention |= l >= o.keep_attention || l < o.host_layers;  // or kept on the host
+  }
+  // Without recompute a layer's set lives from its forward to its backward; with recompute the one
+  // set is refilled before each layer's backward (and the experts re-planned).
+  per_pass = L.sets_per_pass = !o.recompute;
   for (int set = 0; set < sets; ++set) {
+    const int layer = L.first_layer + set;
     ActSlots s;
     comp = Component::Attention;
     s.ln1 = c({T, H}), s.rstd1 = a({T});
@@ -153,7 +212,7 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
     s.q_rstd = a({T * d.heads}), s.k_rstd = a({T * d.kv_heads});
     // With recompute, a set's attention output is needed only while some layer recomputes its
     // attention or receives its kept one from the host.
-    const bool attn_in_set = !o.recompute || o.keep_attention < L_ || o.host_layers > 0;
+    const bool attn_in_set = !o.recompute || recomputes_attention;
     if (attn_in_set) s.attn = c({T, Q}), s.lse = a({T * d.heads});
     // Ulysses: whole sequences, heads/cp of them. Ring attention keeps the local layout; its lse is
     // [2·batch, Nq, c] blocks, the same T·Nq elements.
@@ -162,8 +221,8 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
     s.x_mid = c({T, H}), s.ln2 = c({T, H}), s.rstd2 = a({T});
     // With recompute the single set serves every layer, so it needs both MoE and dense buffers;
     // without, layer `set` needs only its own kind.
-    const bool moe = o.recompute ? any_moe : d.is_moe(set);
-    const bool dense = o.recompute ? any_dense : !d.is_moe(set);
+    const bool moe = o.recompute ? any_moe : d.is_moe(layer);
+    const bool dense = o.recompute ? any_dense : !d.is_moe(layer);
     if (moe) {
       comp = Component::Router;
       s.logits = a({T, E}), s.probs = a({T, E}), s.rlse = a({T});
@@ -187,17 +246,21 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
     L.sets.push_back(s);
   }
   SharedSlots& s = L.shared;
+  per_pass = false;
   comp = Component::Gradients;
   // Attention in query tiles writes a tile's dq once it has read the tile's dout for the last
   // time, so dq shares dattn there (Ulysses: dattn is read into dattn_full before dq is written).
   const bool tiles = !o.ring && TiledAttention::tiled(o.attention_tile, int64_t(o.max_seq) * o.cp);
-  s.dx = c({T, H}), s.dln = c({T, H}), s.dattn = c({T, Q});
-  s.dq = tiles ? s.dattn : c({T, Q});
-  s.dk = c({T, KV}), s.dv = c({T, KV});
-  // The q-norm's input gradient is written once attention's backward has read dattn (in place
-  // where dq is dattn: the norm's backward reads a row before writing it).
-  s.dq_raw = s.dattn, s.dk_raw = c({T, KV});
-  if (o.recompute) {
+  s.dx = c({T, H}), s.dln = c({T, H});
+  if (layers) {
+    s.dattn = c({T, Q});
+    s.dq = tiles ? s.dattn : c({T, Q});
+    s.dk = c({T, KV}), s.dv = c({T, KV});
+    // The q-norm's input gradient is written once attention's backward has read dattn (in place
+    // where dq is dattn: the norm's backward reads a row before writing it).
+    s.dq_raw = s.dattn, s.dk_raw = c({T, KV});
+  }
+  if (o.recompute && layers) {
     L.qk_raw_recomputed = true;
     L.sets[0].q_raw = s.dattn, L.sets[0].k_raw = s.dk_raw;
     // The set's x_mid and ln2 are dead wherever dattn is live: forward writes them once attention
@@ -221,7 +284,7 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
     if (o.ep > 1) s.dyp_local = c({R, H}), s.dxp_local = c({R, H}), s.dispatch_scratch = c({R, H});
     if (o.cp > 1) s.counts_global = i({E});
   }
-  if (o.cp > 1 && !o.ring) {
+  if (o.cp > 1 && !o.ring && layers) {
     s.dattn_full = c({T, Q}), s.dq_full = tiles ? s.dattn_full : c({T, Q});
     s.dk_full = c({T, KV}), s.dv_full = c({T, KV});
   }
@@ -229,37 +292,48 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
   const int64_t ffn_w = std::max(any_dense ? d.dense_ffn : 0, any_moe ? d.shared_ffn : 0);
   if (ffn_w) s.dffn_h = c({C, ffn_w}), s.dffn_gu = c({C, 2 * ffn_w});
   comp = Component::LmHead;
-  // With recompute the activation set is dead between the forward and the backward: the final
-  // norm's output lives in its ln1. The LM head's input gradient is dead once the final norm's
-  // backward has read it, before any layer writes dln.
-  s.xf = o.recompute ? L.sets[0].ln1 : c({T, H});
-  s.rstd_f = a({T}), s.dxf = s.dln;
-  s.loss_tok = a({T}), s.lse_tok = a({T});
-  s.lm_ws = a({std::min<int64_t>(o.lm_head_chunk, T), d.vocab});
-  s.losses = a({3}), s.loss_tmp = a({1});
+  if (head) {
+    // With recompute the activation set is dead between the forward and the backward: the final
+    // norm's output lives in its ln1. The LM head's input gradient is dead once the final norm's
+    // backward has read it, before any layer writes dln: one pass in flight keeps it there, more
+    // keep it per pass (a later pass's head would overwrite it before this one's backward).
+    s.xf = o.recompute && layers ? L.sets[0].ln1 : c({T, H});
+    per_pass = true;
+    s.rstd_f = a({T});
+    s.dxf = o.passes_in_flight > 1 ? c({T, H}) : s.dln;
+    per_pass = false;
+    s.loss_tok = a({T}), s.lse_tok = a({T});
+    s.lm_ws = a({std::min<int64_t>(o.lm_head_chunk, T), d.vocab});
+  }
+  s.losses = a({3});
+  if (head) s.loss_tmp = a({1});
   // A recomputing layer's output (unused: the next layer's input is saved) goes to dln, which
   // its backward overwrites; a chunked block is not recomputed at all.
   s.scratch_out = o.recompute ? s.dln : -1;
   s.scratch_losses = a({2});
 
-  if (!o.ring) {
+  if (!o.ring && layers) {
     const int64_t S = int64_t(o.max_seq) * o.cp;
     L.attention_sums_in_dln = TiledAttention::sums_fit(L.device[size_t(s.dln)].shape.bytes(), S,
                                                        d.kv_heads / o.cp, d.head_dim, cdt);
     L.attention_bytes = TiledAttention::buffer_bytes(o.attention_tile, S, d.heads / o.cp, d.kv_heads / o.cp,
                                                      d.head_dim, cdt, L.attention_sums_in_dln);
   }
-  if (o.ring)
+  if (o.ring && layers)
     L.attention_bytes = RingAttention::buffer_bytes(o.max_batch, o.max_seq, d.heads, d.kv_heads,
                                                        d.head_dim, cdt);
-  else if (o.cp > 1)
+  else if (o.cp > 1 && layers)
     L.attention_bytes += UlyssesExchange::buffer_bytes(o.max_batch, o.max_seq * o.cp,
                                                          d.heads / o.cp * d.head_dim, cdt);
   if (o.ep > 1) {
     const ExpertDispatcher::Footprint f = ExpertDispatcher::footprint(E, o.ep, R, o.moe_chunks);
-    L.dispatch_device_bytes = size_t(sets) * f.device_bytes;
-    L.dispatch_host_bytes = size_t(sets) * f.host_bytes;
+    L.num_dispatchers = sets * (L.sets_per_pass ? o.passes_in_flight : 1);
+    L.dispatch_device_bytes = size_t(L.num_dispatchers) * f.device_bytes;
+    L.dispatch_host_bytes = size_t(L.num_dispatchers) * f.host_bytes;
   }
+  L.passes = o.passes_in_flight;
+  add_banks(L.device, L.device_bank, L.passes);
+  add_banks(L.host, L.host_bank, L.passes);
   return L;
 }
 

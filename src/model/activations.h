@@ -63,6 +63,19 @@ struct ActivationOptions {
   // model/tiled_attention.h); 0, or at least the sequence: one call.
   int64_t attention_tile = 0;
   DType compute = DType::F32;
+  // Pipeline stages: the segments [first_segment, end_segment) this rank's model runs (model/
+  // params.h: 0 the embedding, 1..L the layers, L+1 the final norm and LM head; end_segment -1:
+  // through the head). Layers outside get no activations; a stage that starts after the
+  // embedding receives its input x_{first-1} (kept on the device, never in host memory), one that
+  // ends before the head sends x_{end-1}.
+  int first_segment = 0, end_segment = -1;
+  // Passes (micro-batches) in flight at once: 1F1B runs the forward of micro-batch m+1 before the
+  // backward of m, and stage i of p keeps up to p − i passes. What lives from a pass's forward to
+  // its backward has one bank per pass: the layer inputs and every saved tensor (device and host),
+  // without recompute the layers' activation sets (and their expert dispatchers), the final norm's
+  // rstd and, with more than one pass, the LM head's input gradient (else in dln). Everything else
+  // (gradient buffers, recompute's one set, scratch, attention buffers) is shared by the passes.
+  int passes_in_flight = 1;
 
   // The chunk in use for T tokens (T when the block runs unchunked).
   int64_t chunk_tokens(int64_t T) const { return moe_chunk > 0 && moe_chunk < T ? moe_chunk : T; }
@@ -100,6 +113,7 @@ struct SharedSlots {
 struct BufferSpec {
   Tensor shape;  // dtype and dims (no data)
   Component component;
+  bool per_pass = false;  // one copy per pass in flight (a bank), see passes_in_flight
   // A view: the bytes of slot `within` from `offset` on (buffers whose lifetimes never overlap);
   // it adds nothing to the arena. -1: a buffer of its own.
   int within = -1;
@@ -109,8 +123,19 @@ struct BufferSpec {
 struct ActivationLayout {
   std::vector<BufferSpec> device;  // the arena on the ops device, slot by slot
   std::vector<BufferSpec> host;    // the host mirrors (pinned next to a GPU)
+  // Banks (passes_in_flight): every slot named below is bank 0's; bank b's copy of a per-pass
+  // slot is device_slot(slot, b) (host_slot for the mirrors), appended after bank 0's slots, so
+  // one pass in flight lays out exactly the single-pass arena. Shared slots are their own copy.
+  int passes = 1;
+  std::vector<std::vector<int>> device_bank, host_bank;  // [bank][bank 0's slot]
+  int device_slot(int slot, int bank) const { return slot < 0 ? slot : device_bank[size_t(bank)][size_t(slot)]; }
+  int host_slot(int slot, int bank) const { return slot < 0 ? slot : host_bank[size_t(bank)][size_t(slot)]; }
+  // The stage: segments [first_segment, end_segment), its layers [first_layer, end_layer).
+  int first_segment = 0, end_segment = 0, first_layer = 0, end_layer = 0;
   std::vector<int> xs;             // layer inputs x_0..x_L (x_L feeds the final norm; with every
-                                   // layer's input on the host it shares x_{L-2}'s stage)
+                                   // layer's input on the host it shares x_{L-2}'s stage); -1
+                                   // where the stage does not read or write it
+  // Layer l's set: sets[l - first_layer] (one per layer of the stage), or with recompute sets[0].
   std::vector<ActSlots> sets;
   // Saved tensors per layer (recompute): the host slot of the input (-1: on the device; then
   // xs[l] is its own slot, else one of the two stages it passes through); the kept attention
@@ -128,9 +153,11 @@ struct ActivationLayout {
   bool qk_raw_recomputed = false;
   SharedSlots shared;
   // Allocated by their owners next to the arena: the Ulysses exchange or ring attention and the
-  // tiled attention's buffers (device), and the expert dispatchers (one per activation set;
-  // device index maps, host offsets).
+  // tiled attention's buffers (device), and the expert dispatchers (one per activation set and
+  // bank of sets; device index maps, host offsets).
   size_t attention_bytes = 0, dispatch_device_bytes = 0, dispatch_host_bytes = 0;
+  bool sets_per_pass = false;  // without recompute: each pass has its own sets (and dispatchers)
+  int num_dispatchers = 0;     // ep > 1: sets × (sets_per_pass ? passes : 1)
   // Attention in query tiles: its dK/dV sums live in dln (dead during attention's backward)
   // where dln holds them, else in the tiled attention's own buffer.
   bool attention_sums_in_dln = false;
