@@ -6,6 +6,10 @@
 // side copy stream takes them to the host as forward writes them and brings them back one layer
 // ahead in backward; the compute stream waits only where a buffer is reused or read.
 //
+// Passes in flight: every saved tensor has a bank per pass (activations.h), and so do the events
+// and flags of its copies; the copy stream and the set's attn/lse are shared, so a pass's copies
+// queue behind the others' in issue order. use_bank() names the pass the calls that follow serve.
+//
 // On the CPU every copy is done when issued (runtime.h), so the same calls run in the CPU tests,
 // where a wrong stage or a missing copy changes the results.
 #pragma once
@@ -35,6 +39,7 @@ class SavedActivations {
   bool tail_on_host(int l) const { return plan_.tail_host[size_t(l)] >= 0; }
   int64_t tail_rows() const { return plan_.tail_rows; }
   bool any_on_host() const;
+  void use_bank(int bank);
 
   // Forward. Before x_l is written (into its stage: its previous occupant must be on the host),
   // and once it is (start its copy out).
@@ -55,7 +60,7 @@ class SavedActivations {
   // device-kept tail into the set.
   void fetch_attention(int l, Tensor attn, Tensor lse);
   void restore_attention(int l, Tensor attn, Tensor lse);
-  // After the backward: nothing is in flight.
+  // After the (stage's) backward: nothing is in flight; the bank's fetches are forgotten.
   void finish();
 
  private:
@@ -66,6 +71,11 @@ class SavedActivations {
     Tensor attn, lse, set_attn, set_lse;
   };
   Kept kept(int l, const Tensor& attn, const Tensor& lse) const;
+  Tensor dev(int slot) const { return device_.tensor(plan_.device_slot(slot, bank_)); }
+  Tensor host(int slot) const { return host_.tensor(plan_.host_slot(slot, bank_)); }
+  // Layer l's events and flags in the bank in use.
+  struct PerLayer;
+  PerLayer& layer(int l) { return layers_[size_t(bank_) * plan_.xs_host.size() + size_t(l)]; }
 
   Ops& ops_;
   const ActivationLayout& plan_;
@@ -77,9 +87,10 @@ class SavedActivations {
     Event input_out, input_in, attn_out, attn_in;
     bool input_fetched = false;
   };
-  std::vector<PerLayer> layers_;
+  std::vector<PerLayer> layers_;  // [bank][layer]
   Event compute_point_, copy_done_;
-  int last_attn_out_ = -1;  // the host-kept layer whose attention copy out was issued last
+  int bank_ = 0;
+  PerLayer* last_attn_out_ = nullptr;  // the host-kept layer whose attention copy out was issued last
 };
 
 }  // namespace mop

@@ -39,6 +39,7 @@ Transformer::Transformer(const ModelLayout& layout, ParamStore& params, Ops& ops
   MOP_CHECK(ep_ == 1 || (opt_.comms.ep && opt_.comms.ep_host && opt_.comms.ep->size() == ep_),
             "ep ", ep_, " needs its comms");
   routed_counts_.assign(size_t(d_.num_moe_layers() * d_.experts), 0);
+  held_.assign(size_t(plan_.passes), 0);
   for (const BufferSpec& b : plan_.device)
     b.within < 0 ? arena_.add(b.shape) : arena_.add_view(b.within, b.offset, b.shape);
   for (const BufferSpec& b : plan_.host) host_arena_.add(b.shape);
@@ -51,21 +52,22 @@ void Transformer::allocate() {
   host_arena_.allocate();
   const ActivationOptions& o = opt_.plan;
   const ModelComms& comms = opt_.comms;
-  if (ring_) {
+  const bool layers = plan_.end_layer > plan_.first_layer;  // a stage of the embedding or head alone: no attention
+  if (ring_ && layers) {
     ring_attention_ = std::make_unique<RingAttention>(*comms.cp, ops_, o.max_batch, o.max_seq, d_.heads,
                                                       d_.kv_heads, d_.head_dim, cdt_, comms.cp_ring);
-  } else if (cp_ > 1) {
+  } else if (cp_ > 1 && layers) {
     MOP_CHECK(d_.heads % cp_ == 0 && d_.kv_heads % cp_ == 0, "Ulysses attention needs the heads "
               "to divide by cp");
     ulysses_ = std::make_unique<UlyssesExchange>(*comms.cp, ops_, o.max_batch, o.max_seq * cp_,
                                                  d_.heads / cp_ * d_.head_dim, cdt_);
   }
-  if (!ring_)
+  if (!ring_ && layers)
     tiled_ = std::make_unique<TiledAttention>(ops_, o.attention_tile, int64_t(o.max_seq) * cp_,
                                               d_.heads / cp_, d_.kv_heads / cp_, d_.head_dim, cdt_,
                                               plan_.attention_sums_in_dln);
   if (ep_ > 1)
-    for (size_t set = 0; set < acts_.size(); ++set)
+    for (int n = 0; n < plan_.num_dispatchers; ++n)
       dispatch_.push_back(std::make_unique<ExpertDispatcher>(
           *comms.ep, *comms.ep_host, ops_, d_.experts,
           receive_rows(o, o.chunk_tokens(int64_t(o.max_batch) * o.max_seq) * d_.top_k), o.moe_chunks,
@@ -85,19 +87,26 @@ void Transformer::allocate() {
   shapes.head_dim = d_.head_dim;
   shapes.hidden = d_.hidden, shapes.experts = d_.experts, shapes.top_k = d_.top_k;
   shapes.expert_ffn = d_.expert_ffn, shapes.vocab = d_.vocab;
-  shapes.lm_head_chunk = arena_.tensor(s_.lm_ws).shape[0];
+  shapes.lm_head_chunk = std::min<int64_t>(o.lm_head_chunk, shapes.max_tokens);  // lm_ws's rows
   ops_.prepare(shapes);
 }
 
-Tensor Transformer::act(int slot, int64_t rows) const { return arena_.tensor(slot).rows(0, rows); }
+Tensor Transformer::act(int slot, int64_t rows) const { return dev(slot).rows(0, rows); }
 
 Tensor Transformer::scratch(int slot, std::initializer_list<int64_t> dims) const {
-  Tensor whole = arena_.tensor(slot);
+  Tensor whole = dev(slot);
   Tensor shaped(nullptr, whole.dtype, dims, whole.device);
   return whole.view({whole.numel()}).rows(0, shaped.numel()).view(dims);
 }
 
-const Transformer::Acts& Transformer::acts(int l) const { return acts_[opt_.plan.recompute ? 0 : l]; }
+const Transformer::Acts& Transformer::acts(int l) const {
+  return acts_[opt_.plan.recompute ? 0 : size_t(l - plan_.first_layer)];
+}
+
+ExpertDispatcher& Transformer::dispatcher(const Acts& a) {
+  const size_t set = size_t(&a - acts_.data());
+  return *dispatch_[plan_.sets_per_pass ? size_t(bank_) * acts_.size() + set : set];
+}
 
 Tensor Transformer::attn_of(int l, const Acts& a, int64_t T) const {
   const int slot = plan_.attn_saved[size_t(l)];
@@ -149,7 +158,7 @@ void Transformer::experts_fwd(const LayerParams& P, const Acts& a, const ExpertD
                               const Tensor& x, Tensor y) {
   const int64_t r0 = k.row0, r1 = k.row0 + k.rows;
   experts_gate_up(P, a, k, x);
-  ops_.grouped_gemm_fwd(y.rows(r0, r1), arena_.tensor(a.h).rows(r0, r1),
+  ops_.grouped_gemm_fwd(y.rows(r0, r1), dev(a.h).rows(r0, r1),
                         W(P.experts_down).rows(k.e0, k.e1), k.offsets);
 }
 
@@ -157,7 +166,7 @@ void Transformer::experts_fwd(const LayerParams& P, const Acts& a, const ExpertD
 void Transformer::experts_gate_up(const LayerParams& P, const Acts& a,
                                   const ExpertDispatcher::Chunk& k, const Tensor& x) {
   const int64_t r0 = k.row0, r1 = k.row0 + k.rows;
-  Tensor gu = arena_.tensor(a.gu).rows(r0, r1), h = arena_.tensor(a.h).rows(r0, r1);
+  Tensor gu = dev(a.gu).rows(r0, r1), h = dev(a.h).rows(r0, r1);
   ops_.grouped_gemm_fwd(gu, x.rows(r0, r1), W(P.experts_gate_up).rows(k.e0, k.e1), k.offsets);
   ops_.swiglu_fwd(h, gu);
 }
@@ -165,8 +174,8 @@ void Transformer::experts_gate_up(const LayerParams& P, const Acts& a,
 void Transformer::experts_bwd(const LayerParams& P, const Acts& a, const ExpertDispatcher::Chunk& k,
                               const Tensor& x, const Tensor& dy, Tensor dx, bool write) {
   const int64_t r0 = k.row0, r1 = k.row0 + k.rows;
-  Tensor gu = arena_.tensor(a.gu).rows(r0, r1), h = arena_.tensor(a.h).rows(r0, r1);
-  Tensor dh = arena_.tensor(s_.dh).rows(r0, r1), dgu = arena_.tensor(s_.dgu).rows(r0, r1);
+  Tensor gu = dev(a.gu).rows(r0, r1), h = dev(a.h).rows(r0, r1);
+  Tensor dh = dev(s_.dh).rows(r0, r1), dgu = dev(s_.dgu).rows(r0, r1);
   Tensor dyk = dy.rows(r0, r1), xk = x.rows(r0, r1);
   ops_.grouped_gemm_bwd_data(dh, dyk, W(P.experts_down).rows(k.e0, k.e1), k.offsets);
   ops_.grouped_gemm_bwd_weight(G(P.experts_down).rows(k.e0, k.e1), dyk, h, k.offsets, !write);
@@ -180,14 +189,14 @@ void Transformer::experts_bwd(const LayerParams& P, const Acts& a, const ExpertD
 void Transformer::routed_fwd(int l, const LayerParams& P, const Acts& a, const Tensor& offsets_host,
                              Tensor xp, Tensor yp) {
   if (ep_ > 1) {
-    ExpertDispatcher& disp = *dispatch_[size_t(&a - acts_.data())];
+    ExpertDispatcher& disp = dispatcher(a);
     std::vector<int32_t> per_expert(size_t(d_.experts));
     const int32_t* off = offsets_host.ptr<int32_t>();
     for (int64_t e = 0; e < d_.experts; ++e) per_expert[size_t(e)] = off[e + 1] - off[e];
     disp.plan(per_expert.data(), int(l - d_.first_dense));
     const int64_t rows = disp.rows_held();
     Tensor xpl = act(a.xp_local, rows), ypl = act(a.yp_local, rows);
-    disp.run(xp, yp, xpl, ypl, arena_.tensor(s_.dispatch_scratch),
+    disp.run(xp, yp, xpl, ypl, dev(s_.dispatch_scratch),
              [&](const ExpertDispatcher::Chunk& k) { experts_fwd(P, a, k, xpl, ypl); });
   } else {
     experts_fwd(P, a, {0, d_.experts_local, 0, xp.shape[0], offsets_host}, xp, yp);
@@ -199,7 +208,7 @@ void Transformer::routed_fwd(int l, const LayerParams& P, const Acts& a, const T
 void Transformer::routed_bwd(const LayerParams& P, const Acts& a, const Tensor& offsets_host,
                              const Tensor& xp, const Tensor& dyp, Tensor dxp, bool write) {
   if (ep_ > 1) {
-    ExpertDispatcher& disp = *dispatch_[size_t(&a - acts_.data())];
+    ExpertDispatcher& disp = dispatcher(a);
     const int64_t rows = disp.rows_held();
     Tensor dypl = act(s_.dyp_local, rows), dxpl = act(s_.dxp_local, rows), xpl = act(a.xp_local, rows);
     if (disp.num_rounds() > 1) {
@@ -212,7 +221,7 @@ void Transformer::routed_bwd(const LayerParams& P, const Acts& a, const Tensor& 
         ops_.fill(G(P.experts_down), 0);
         ops_.fill(G(P.experts_gate_up), 0);
       }
-      disp.run(dyp, dxp, dypl, dxpl, arena_.tensor(s_.dispatch_scratch),
+      disp.run(dyp, dxp, dypl, dxpl, dev(s_.dispatch_scratch),
                [&](const ExpertDispatcher::Chunk& k) {
                  experts_gate_up(P, a, k, xpl);
                  experts_bwd(P, a, k, xpl, dypl, dxpl, false);
@@ -227,7 +236,7 @@ void Transformer::routed_bwd(const LayerParams& P, const Acts& a, const Tensor& 
       ops_.fill(G(P.experts_down).rows(k.e0, k.e1), 0);
       ops_.fill(G(P.experts_gate_up).rows(k.e0, k.e1), 0);
     }
-    disp.run(dyp, dxp, dypl, dxpl, arena_.tensor(s_.dispatch_scratch),
+    disp.run(dyp, dxp, dypl, dxpl, dev(s_.dispatch_scratch),
              [&](const ExpertDispatcher::Chunk& k) { experts_bwd(P, a, k, xpl, dypl, dxpl, write); });
   } else {
     experts_bwd(P, a, {0, d_.experts_local, 0, xp.shape[0], offsets_host}, xp, dyp, dxp, write);
@@ -239,8 +248,8 @@ void Transformer::routed_bwd(const LayerParams& P, const Acts& a, const Tensor& 
 Tensor Transformer::chunk_experts_fwd(int l, const LayerParams& P, const Acts& a, int64_t T, int64_t t0,
                                       int64_t n) {
   const int64_t nK = n * d_.top_k;
-  Tensor offsets = arena_.tensor(a.c_offsets), offsets_host = host_arena_.tensor(a.c_offsets_host);
-  ops_.moe_route_plan(arena_.tensor(a.c_counts), offsets, act(a.c_perm_src, nK), act(a.c_slot_of, nK),
+  Tensor offsets = dev(a.c_offsets), offsets_host = mirror(a.c_offsets_host);
+  ops_.moe_route_plan(dev(a.c_counts), offsets, act(a.c_perm_src, nK), act(a.c_slot_of, nK),
                       act(a.topk_idx, T).rows(t0, t0 + n));
   ops_.copy(offsets_host, offsets);
   Tensor xp = act(a.xp, nK), yp = act(a.yp, nK);
@@ -259,13 +268,13 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
   const bool chunked = opt_.plan.chunked(T);
   Tensor ln2 = act(a.ln2, T), logits = act(a.logits, T), probs = act(a.probs, T);
   Tensor topk_idx = act(a.topk_idx, T), topk_w = act(a.topk_w, T), rlse = act(a.rlse, T);
-  Tensor counts = arena_.tensor(a.counts), offsets = arena_.tensor(a.offsets);
+  Tensor counts = dev(a.counts), offsets = dev(a.offsets);
   Tensor perm_src = act(a.perm_src, TK), slot_of = act(a.slot_of, TK);
   ops_.gemm(logits, ln2, false, W(P.router), true, 1, 0);  // fp32 router logits [T,E]
   ops_.router_fwd(topk_idx, topk_w, probs, rlse, logits, d_.renormalize);
   ops_.moe_route_plan(counts, offsets, perm_src, slot_of, topk_idx);
   // The group sizes are needed on the host (one small device→host copy per MoE layer, or chunk).
-  Tensor offsets_host = host_arena_.tensor(a.offsets_host);
+  Tensor offsets_host = mirror(a.offsets_host);
   if (!chunked) ops_.copy(offsets_host, offsets);
   // Router losses over the micro-batch's whole sequences: with cp ranks, over their tokens
   // together. The op's terms use its local T; with counts summed over the cp group, scaling the
@@ -273,16 +282,16 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
   // global terms (T_global = cp·T), so the shares add up over the group.
   Tensor loss_counts = counts;
   if (cp_ > 1) {
-    loss_counts = arena_.tensor(s_.counts_global);
+    loss_counts = dev(s_.counts_global);
     ops_.copy(loss_counts, counts);
     opt_.comms.cp->all_reduce_sum(loss_counts);
   }
   float layer_w = aux_scale / float(d_.num_moe_layers());
-  ops_.moe_aux_loss(losses, arena_.tensor(a.aux_grad), probs, rlse, loss_counts, int(K),
+  ops_.moe_aux_loss(losses, dev(a.aux_grad), probs, rlse, loss_counts, int(K),
                     float(d_.aux_coef) * layer_w / float(cp_ * cp_), float(d_.z_coef) * layer_w / float(cp_));
   // Counting: the tokens once a pass (at the first MoE layer), the rows per expert from the
   // offsets the experts need on the host anyway (whole, or chunk by chunk).
-  if (count && l == d_.first_dense) routed_tokens_ += T;
+  if (count && l == std::max<int64_t>(d_.first_dense, plan_.first_layer)) routed_tokens_ += T;
   if (!experts) return;
   if (!chunked) {
     if (count) count_routed(l, offsets_host);
@@ -297,7 +306,7 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
   for (int64_t t0 = 0; t0 < T; t0 += C) {
     const int64_t n = std::min(C, T - t0);
     Tensor yp = chunk_experts_fwd(l, P, a, T, t0, n);
-    if (count) count_routed(l, host_arena_.tensor(a.c_offsets_host));
+    if (count) count_routed(l, mirror(a.c_offsets_host));
     ops_.moe_unpermute_fwd(x_out.rows(t0, t0 + n), yp, act(a.c_slot_of, n * K), topk_w.rows(t0, t0 + n),
                            /*accumulate=*/true);
     if (d_.shared_ffn)
@@ -319,7 +328,7 @@ void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln
   if (!opt_.plan.chunked(T)) {
     Tensor slot_of = act(a.slot_of, TK), yp = act(a.yp, TK), dyp = act(s_.dyp, TK), dxp = act(s_.dxp, TK);
     ops_.moe_unpermute_bwd(dyp, dtopk_w, dx, yp, slot_of, topk_w);
-    routed_bwd(P, a, host_arena_.tensor(a.offsets_host), act(a.xp, TK), dyp, dxp, write_experts_);
+    routed_bwd(P, a, mirror(a.offsets_host), act(a.xp, TK), dyp, dxp, write_experts_);
     ops_.moe_permute_bwd(dln, dxp, slot_of, int(K), /*accumulate=*/false);
   } else {
     // Chunk by chunk: the chunk's experts again (their activations were not kept), then their
@@ -332,7 +341,7 @@ void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln
       ops_.moe_unpermute_bwd(dyp, dtopk_w.rows(t0, t0 + n), dx.rows(t0, t0 + n), yp, slot_of,
                              topk_w.rows(t0, t0 + n));
       // The first chunk writes the experts' gradients (with write_experts_), the others add.
-      routed_bwd(P, a, host_arena_.tensor(a.c_offsets_host), act(a.xp, nK), dyp, dxp,
+      routed_bwd(P, a, mirror(a.c_offsets_host), act(a.xp, nK), dyp, dxp,
                  write_experts_ && t0 == 0);
       ops_.moe_permute_bwd(dln.rows(t0, t0 + n), dxp, slot_of, int(K), /*accumulate=*/false);
     }
@@ -342,7 +351,7 @@ void Transformer::moe_bwd(int l, const Acts& a, int64_t T, Tensor dx, Tensor dln
   Tensor dlogits = act(s_.dlogits, T), dlogits_c = act(s_.dlogits_c, T);
   float z_scale = float(d_.z_coef) * aux_scale / float(d_.num_moe_layers()) / float(T * cp_);
   ops_.router_bwd(dlogits, dtopk_w, act(a.probs, T), act(a.rlse, T), act(a.topk_idx, T), topk_w,
-                  arena_.tensor(a.aux_grad), z_scale, d_.renormalize);
+                  dev(a.aux_grad), z_scale, d_.renormalize);
   ops_.copy(dlogits_c, dlogits);
   ops_.gemm(dln, dlogits_c, false, W(P.router), false, 1, 1);  // dln[T,H] += dlogits[T,E]·Wr[E,H]
   ops_.gemm(G(P.router), dlogits_c, true, ln2, false, 1, 1);
@@ -392,7 +401,7 @@ void Transformer::attention_bwd(const Acts& a, const Batch& b, int64_t T, const 
                    dvf.view({rows, Nkv / cp_, D}), dof.view({rows, Nq / cp_, D}),
                    act(a.q_full, T).view({rows, Nq / cp_, D}), act(a.k_full, T).view({rows, Nkv / cp_, D}),
                    act(a.v_full, T).view({rows, Nkv / cp_, D}), act(a.attn_full, T).view({rows, Nq / cp_, D}),
-                   lse, b.batch, scale, arena_.tensor(s_.dln));  // dln: dead until the q/k/v backward
+                   lse, b.batch, scale, dev(s_.dln));  // dln: dead until the q/k/v backward
   ulysses_->to_local(act(s_.dq, T), dqf, Nq);
   ulysses_->to_local(act(s_.dk, T), dkf, Nkv);
   ulysses_->to_local(act(s_.dv, T), dvf, Nkv);
@@ -479,10 +488,10 @@ void Transformer::layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
     tiled_->backward(dq.view({T, Nq, D}), dk.view({T, Nkv, D}), dv.view({T, Nkv, D}),
                      dattn.view({T, Nq, D}), q3, k3, act(a.v, T).view({T, Nkv, D}),
                      attn.view({T, Nq, D}), lse, b.batch, float(1.0 / std::sqrt(double(D))),
-                     arena_.tensor(s_.dln));  // dln: dead until the q/k/v projections' backward
+                     dev(s_.dln));  // dln: dead until the q/k/v projections' backward
   }
   // The set's attn and lse are free: the previous layer's kept attention may come back into them.
-  if (saved_ && l > 0) saved_->fetch_attention(l - 1, attn_of(l - 1, a, T), lse_of(l - 1, a, T));
+  if (saved_ && l > plan_.first_layer) saved_->fetch_attention(l - 1, attn_of(l - 1, a, T), lse_of(l - 1, a, T));
   ops_.rope_bwd(dq.view({T, Nq, D}), b.positions, theta);
   ops_.rope_bwd(dk.view({T, Nkv, D}), b.positions, theta);
   Tensor dq_raw = dq, dk_raw = dk, ln1 = act(a.ln1, T);
@@ -509,16 +518,51 @@ void Transformer::layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
 }
 
 Transformer::Pass Transformer::begin(const Batch& b, float aux_scale, bool training, float ce_scale,
-                                     bool write_experts) {
+                                     bool write_experts, int bank) {
   const int64_t T = int64_t(b.batch) * b.seq;
   MOP_CHECK(b.batch <= opt_.plan.max_batch && b.seq <= opt_.plan.max_seq, "micro-batch ", b.batch,
             "×", b.seq, " exceeds the planned ", opt_.plan.max_batch, "×", opt_.plan.max_seq);
   MOP_CHECK(b.ids.numel() == T && b.targets.numel() == T && b.positions.numel() == T,
             "batch tensors must have B·S elements");
+  MOP_CHECK(bank >= 0 && bank < plan_.passes, "bank ", bank, " of ", plan_.passes, " passes in flight");
+  if (plan_.passes == 1) {  // a begin() ends the last pass
+    held_[0] = 0, open_backward_ = -1;
+  }
+  MOP_CHECK(!held_[size_t(bank)], "bank ", bank, " still holds a pass whose backward has not run");
+  held_[size_t(bank)] = training;
   last_T_ = int(T);
-  training_ = training;
-  write_experts_ = write_experts;
-  return {b, T, aux_scale, ce_scale, training, write_experts};
+  return {b, T, aux_scale, ce_scale, training, write_experts, bank};
+}
+
+void Transformer::use(const Pass& p) {
+  MOP_CHECK(p.bank >= 0 && p.bank < plan_.passes, "bank ", p.bank, " of ", plan_.passes);
+  bank_ = p.bank, training_ = p.training, write_experts_ = p.write_experts;
+  if (saved_) saved_->use_bank(p.bank);
+}
+
+Tensor Transformer::in_bank(int slot, const Pass& p) const {
+  MOP_CHECK(p.bank >= 0 && p.bank < plan_.passes, "bank ", p.bank, " of ", plan_.passes);
+  return arena_.tensor(plan_.device_slot(slot, p.bank)).rows(0, p.tokens);
+}
+
+Tensor Transformer::stage_input(const Pass& p) const {
+  MOP_CHECK(first_segment() > 0, "the stage starts with the embedding: it receives no input");
+  return in_bank(xs_[size_t(first_segment() - 1)], p);
+}
+
+Tensor Transformer::stage_output(const Pass& p) const {
+  MOP_CHECK(end_segment() <= d_.layers + 1, "the stage ends with the head: it sends no output");
+  return in_bank(xs_[size_t(end_segment() - 1)], p);
+}
+
+Tensor Transformer::stage_output_grad(const Pass& p) const {
+  MOP_CHECK(end_segment() <= d_.layers + 1, "the stage ends with the head: it receives no gradient");
+  return in_bank(s_.dx, p);
+}
+
+Tensor Transformer::stage_input_grad(const Pass& p) const {
+  MOP_CHECK(first_segment() > 0, "the stage starts with the embedding: it sends no gradient");
+  return in_bank(s_.dx, p);
 }
 
 // Saved inputs of host layers: each written into its stage once the stage's last occupant is on
@@ -532,7 +576,7 @@ void Transformer::forward_segment(const Pass& p, int s) {
     ops_.embedding_fwd(act(xs_[0], T), b.ids, W(layout_.embedding));
   } else if (s <= L) {
     const int l = s - 1;
-    layer_fwd(l, acts(l), b, act(xs_[l], T), act(xs_[l + 1], T), arena_.tensor(s_.losses).rows(1, 3),
+    layer_fwd(l, acts(l), b, act(xs_[l], T), act(xs_[l + 1], T), dev(s_.losses).rows(1, 3),
               p.aux_scale, false);
   } else {
     ops_.rmsnorm_fwd(act(s_.xf, T), act(s_.rstd_f, T), act(xs_[L], T), W(layout_.final_norm),
@@ -542,11 +586,11 @@ void Transformer::forward_segment(const Pass& p, int s) {
     if (p.training)
       ops_.lmhead_ce_fwd_bwd(act(s_.loss_tok, T), act(s_.lse_tok, T), act(s_.dxf, T),
                              G(layout_.lm_head), act(s_.xf, T), W(layout_.lm_head), b.targets,
-                             p.ce_scale, arena_.tensor(s_.lm_ws));
+                             p.ce_scale, dev(s_.lm_ws));
     else
       ops_.lmhead_ce_fwd(act(s_.loss_tok, T), act(s_.lse_tok, T), act(s_.xf, T), W(layout_.lm_head),
-                         b.targets, arena_.tensor(s_.lm_ws));
-    Tensor tmp = arena_.tensor(s_.loss_tmp), ce = arena_.tensor(s_.losses).rows(0, 1);
+                         b.targets, dev(s_.lm_ws));
+    Tensor tmp = dev(s_.loss_tmp), ce = dev(s_.losses).rows(0, 1);
     ops_.sum(tmp, act(s_.loss_tok, T));
     ops_.add(ce, ce, tmp);
   }
@@ -563,7 +607,7 @@ void Transformer::backward_segment(const Pass& p, int s) {
                      W(layout_.final_norm), act(s_.rstd_f, T), false);
   } else if (s >= 1) {
     const int l = s - 1;
-    if (saved_ && l == L - 1) {  // the last layer's saved tensors first
+    if (saved_ && l == plan_.end_layer - 1) {  // the stage's last layer's saved tensors first
       saved_->fetch_input(l, T);
       saved_->fetch_attention(l, attn_of(l, acts(l), T), lse_of(l, acts(l), T));
     }
@@ -573,41 +617,53 @@ void Transformer::backward_segment(const Pass& p, int s) {
       saved_->fetch_input(l - 1, T);
       saved_->wait_input(l);
       layer_fwd(l, acts(l), b, act(xs_[l], T), act(s_.scratch_out, T),
-                arena_.tensor(s_.scratch_losses), p.aux_scale, true);
+                dev(s_.scratch_losses), p.aux_scale, true);
     }
     layer_bwd(l, acts(l), b, act(xs_[l], T), dx, p.aux_scale);
   } else {
     ops_.embedding_bwd(G(layout_.embedding), b.ids, dx);
-    if (saved_) saved_->finish();
   }
+  if (s == first_segment() && saved_) saved_->finish();
 }
 
 void Transformer::forward(const Pass& p, int begin, int end) {
-  MOP_CHECK(0 <= begin && begin <= end && end <= num_segments(d_), "forward of segments [", begin,
-            ",", end, ")");
+  MOP_CHECK(first_segment() <= begin && begin <= end && end <= end_segment(), "forward of segments [",
+            begin, ",", end, ") on a stage of [", first_segment(), ",", end_segment(), ")");
+  MOP_CHECK(open_backward_ < 0, "a forward while bank ", open_backward_, "'s backward is under way");
+  use(p);
   for (int s = begin; s < end; ++s) forward_segment(p, s);
 }
 
 void Transformer::backward(const Pass& p, int begin, int end) {
   MOP_CHECK(p.training, "backward of a pass begun without training");
-  MOP_CHECK(0 <= begin && begin <= end && end <= num_segments(d_), "backward of segments [", begin,
-            ",", end, ")");
+  MOP_CHECK(first_segment() <= begin && begin <= end && end <= end_segment(), "backward of segments [",
+            begin, ",", end, ") on a stage of [", first_segment(), ",", end_segment(), ")");
+  MOP_CHECK(held_[size_t(p.bank)], "backward of bank ", p.bank, ", which holds no pass to differentiate");
+  MOP_CHECK(open_backward_ < 0 || open_backward_ == p.bank, "a backward of bank ", p.bank, " while bank ",
+            open_backward_, "'s is under way");
+  use(p);
+  open_backward_ = p.bank;
   for (int s = end - 1; s >= begin; --s) backward_segment(p, s);
+  if (begin == first_segment()) open_backward_ = -1, held_[size_t(p.bank)] = 0;
 }
 
 void Transformer::forward(const Batch& b, float aux_scale) {
-  forward(begin(b, aux_scale, false), 0, num_segments(d_));
+  MOP_CHECK(first_segment() == 0 && end_segment() == num_segments(d_),
+            "a forward of a whole micro-batch on a stage; a stage runs its passes segment by segment");
+  forward(begin(b, aux_scale, false), first_segment(), end_segment());
 }
 
 void Transformer::forward_backward(const Batch& b, float ce_scale, float aux_scale,
                                    bool write_experts) {
+  MOP_CHECK(first_segment() == 0 && end_segment() == num_segments(d_),
+            "forward_backward runs the whole model; a stage runs its passes segment by segment");
   const Pass p = begin(b, aux_scale, true, ce_scale, write_experts);
   forward(p, 0, num_segments(d_));
   backward(p, 0, num_segments(d_));
 }
 
 LossTerms Transformer::take_losses() {
-  Tensor losses = arena_.tensor(s_.losses);
+  Tensor losses = dev(s_.losses);
   double host[3];
   Tensor h(host, DType::F64, {3});
   ops_.copy(h, losses);  // CPU backend: direct; CUDA backend: device → host copy (synchronises)
@@ -617,6 +673,7 @@ LossTerms Transformer::take_losses() {
 
 void Transformer::logits(Tensor out, int row) {
   MOP_CHECK(row >= 0 && row < last_T_, "logits row ", row, " of ", last_T_);
+  MOP_CHECK(s_.xf >= 0, "logits on a stage without the head");
   Tensor x = act(s_.xf, last_T_).rows(row, row + 1);
   ops_.gemm(out.view({1, d_.vocab}), x, false, W(layout_.lm_head), true, 1, 0);
 }
