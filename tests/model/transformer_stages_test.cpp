@@ -34,14 +34,15 @@ moe: {num_experts: 6, top_k: 2, expert_ffn: 6, shared_expert_ffn: 4, first_dense
 data: {eos_id: 10, seq_len: 5}
 train: {micro_batch_size: 2, global_batch_size: 6}
 )";
-constexpr int kBatch = 2, kSeq = 5, kTokens = kBatch * kSeq, kMicroBatches = 3, kSegments = 6;
+constexpr int kBatch = 2, kSeq = 6, kTokens = kBatch * kSeq, kMicroBatches = 3, kSegments = 6;
 constexpr float kAuxScale = 1.0f / kMicroBatches;
-constexpr float kCeScale = 1.0f / 27;  // 1 / unmasked targets of the three micro-batches (Data)
+constexpr float kCeScale = 1.0f / 33;  // 1 / unmasked targets of the three micro-batches (Data)
 // The router losses of a pipeline are the stages' partial sums added by the caller; the whole
 // model adds every layer's terms into one acc-dtype sum, so the two differ by its rounding.
 constexpr double kLossRtolF32 = 1e-6, kLossRtolF64 = 1e-14;
 
-// Micro-batch m of rank r: ids, targets (one in ten masked) and positions.
+// Micro-batch m of rank r: ids, targets (one masked) and positions. With cp 2 the rank's 6
+// tokens of each sequence are a stand-in for its share of 12: the runs compared see the same.
 struct Data {
   std::vector<int32_t> ids, targets, pos;
   Data(int m, int r) {
@@ -57,8 +58,16 @@ struct Data {
   }
 };
 
+// The sharded cases' comms (in-process ranks): ep > 1 holds rank `rank`'s experts, cp > 1 shards
+// the sequences (Ulysses).
+struct Shards {
+  Comm* ep = nullptr;
+  Comm* cp = nullptr;
+  int rank = 0;
+};
+
 // One model (or stage) over a store of its own, initialised like every other (seed 7): the same
-// weights everywhere. ep > 1: rank ep_rank's experts, comms over `ep_comm`.
+// weights everywhere.
 struct Model {
   Config cfg = load_config_text(kModel);
   ModelLayout layout;
@@ -67,9 +76,9 @@ struct Model {
   std::unique_ptr<Optimizer> optim;
   std::unique_ptr<Transformer> model;
 
-  Model(DType dt, ActivationOptions plan, Comm* ep_comm = nullptr, int ep_rank = 0) {
-    const int ep = ep_comm ? ep_comm->size() : 1;
-    layout = ModelLayout::build(ModelDims::from(cfg, ep_rank, ep));
+  Model(DType dt, ActivationOptions plan, const Shards& sh = {}) {
+    const int ep = sh.ep ? sh.ep->size() : 1;
+    layout = ModelLayout::build(ModelDims::from(cfg, sh.ep ? sh.rank : 0, ep));
     params = std::make_unique<ParamStore>(layout, dt, dt, MemKind::Host);
     optim = std::make_unique<Optimizer>(cfg.optim, *params, *ops);
     optim->init_weights(7);
@@ -81,7 +90,9 @@ struct Model {
     TransformerOptions o;
     o.plan = plan;
     o.plan.max_batch = kBatch, o.plan.max_seq = kSeq, o.plan.lm_head_chunk = 3, o.plan.ep = ep;
-    o.comms.ep = o.comms.ep_host = ep_comm;
+    o.plan.cp = sh.cp ? sh.cp->size() : 1;
+    o.comms.ep = o.comms.ep_host = sh.ep;
+    o.comms.cp = sh.cp;
     model = std::make_unique<Transformer>(layout, *params, *ops, o);
     model->allocate();
   }
@@ -179,6 +190,7 @@ const Variant kVariants[] = {{"plain", false, 0, 0, 0},
                              {"MoE chunks of 4", false, 4, 0, 0},
                              {"recompute", true, 0, 0, 0},
                              {"recompute, MoE chunks of 3", true, 3, 0, 0},
+                             {"recompute, host layers 2", true, 0, 2, 0},
                              {"recompute, host layers 3, kept attention 2", true, 0, 3, 2}};
 
 ActivationOptions plan_of(const Variant& v) {
@@ -188,18 +200,20 @@ ActivationOptions plan_of(const Variant& v) {
   return o;
 }
 
-void check_interleaved(Checks& c, DType dt, Comm* ep_comm = nullptr, int rank = 0) {
+void check_interleaved(Checks& c, DType dt, const Shards& sh = {}) {
+  const int rank = sh.rank;
   // F0 F1 B0 F2 B1 B2 over two banks (1F1B's first stage of two), F0 F1 F2 B0 B1 B2 over three.
   const std::vector<std::pair<std::vector<int>, int>> orders = {{{1, 2, -1, 3, -2, -3}, 2},
                                                                {{1, 2, 3, -1, -2, -3}, 3}};
   for (const Variant& v : kVariants)
     for (const auto& [order, banks] : orders) {
+      if (sh.cp && v.keep_attention) continue;  // kept attention needs cp 1 or ring attention
       c.context = std::string(v.name) + ", " + std::to_string(banks) + " banks, " +
                   std::string(dtype_name(dt)) + ", rank " + std::to_string(rank);
-      Model ref(dt, plan_of(v), ep_comm, rank);
+      Model ref(dt, plan_of(v), sh);
       ActivationOptions o = plan_of(v);
       o.passes_in_flight = banks;
-      Model run(dt, o, ep_comm, rank);
+      Model run(dt, o, sh);
       const Losses a = sequential(ref, rank), b = interleaved(run, order, banks, rank);
       EXPECT(c, a.ce == b.ce);
       EXPECT(c, a.aux == b.aux);
@@ -235,15 +249,15 @@ struct Pipeline {
   Losses losses;
 };
 
-Pipeline pipeline(DType dt, const Variant& v, const std::vector<int>& cuts, Comm* ep_comm = nullptr,
-                  int rank = 0) {
+Pipeline pipeline(DType dt, const Variant& v, const std::vector<int>& cuts, const Shards& sh) {
+  const int rank = sh.rank;
   const int P = int(cuts.size()) - 1;
   Pipeline pl;
   for (int i = 0; i < P; ++i) {
     ActivationOptions o = plan_of(v);
     o.first_segment = cuts[size_t(i)], o.end_segment = cuts[size_t(i) + 1];
     o.passes_in_flight = std::min(P - i, kMicroBatches);
-    pl.stages.push_back(std::make_unique<Model>(dt, o, ep_comm, rank));
+    pl.stages.push_back(std::make_unique<Model>(dt, o, sh));
     Model& m = *pl.stages.back();
     require(m.model->first_segment() == cuts[size_t(i)], "the stage's first segment");
     for (int p = 0; p < m.params->num_params(); ++p) {
@@ -313,17 +327,19 @@ Pipeline pipeline(DType dt, const Variant& v, const std::vector<int>& cuts, Comm
   return pl;
 }
 
-void check_stages(Checks& c, DType dt, Comm* ep_comm = nullptr, int rank = 0) {
+void check_stages(Checks& c, DType dt, const Shards& sh = {}) {
+  const int rank = sh.rank;
   // Two and three stages; the embedding or the head alone; an uneven cut.
   const std::vector<std::vector<int>> splits = {{0, 3, 6}, {0, 2, 4, 6}, {0, 1, 5, 6}, {0, 4, 5, 6}};
   for (const Variant& v : kVariants)
     for (const std::vector<int>& cuts : splits) {
+      if (sh.cp && v.keep_attention) continue;
       c.context = std::string(v.name) + ", " + std::to_string(cuts.size() - 1) + " stages cut at " +
                   std::to_string(cuts[1]) + ", " + std::to_string(cuts[2]) + ", " +
                   std::string(dtype_name(dt)) + ", rank " + std::to_string(rank);
-      Model whole(dt, plan_of(v), ep_comm, rank);
+      Model whole(dt, plan_of(v), sh);
       const Losses a = sequential(whole, rank);
-      Pipeline pl = pipeline(dt, v, cuts, ep_comm, rank);
+      Pipeline pl = pipeline(dt, v, cuts, sh);
       EXPECT(c, a.ce == pl.losses.ce);
       const double rtol = dt == DType::F64 ? kLossRtolF64 : kLossRtolF32;
       EXPECT(c, close(pl.losses.aux, a.aux, rtol));
@@ -367,8 +383,22 @@ TEST_CASE("stages: passes in flight and stages over two expert-parallel ranks",
   std::vector<std::unique_ptr<Comm>> comms = make_inprocess_comms(2);
   std::vector<Checks> checks(2);
   run_inprocess(2, [&](int rank) {
-    check_interleaved(checks[size_t(rank)], DType::F32, comms[size_t(rank)].get(), rank);
-    check_stages(checks[size_t(rank)], DType::F32, comms[size_t(rank)].get(), rank);
+    const Shards sh{comms[size_t(rank)].get(), nullptr, rank};
+    check_interleaved(checks[size_t(rank)], DType::F32, sh);
+    check_stages(checks[size_t(rank)], DType::F32, sh);
+  });
+  for (const Checks& c : checks) c.report();
+}
+
+TEST_CASE("stages: passes in flight and stages over cp 2 (Ulysses) and ep 2", "[cpu][model][transformer]") {
+  // The two ranks shard the sequences for attention (head-sharded whole sequences in the sets)
+  // and the experts for the MoE blocks, the router's counts summed over the cp group.
+  std::vector<std::unique_ptr<Comm>> comms = make_inprocess_comms(2);
+  std::vector<Checks> checks(2);
+  run_inprocess(2, [&](int rank) {
+    const Shards sh{comms[size_t(rank)].get(), comms[size_t(rank)].get(), rank};
+    check_interleaved(checks[size_t(rank)], DType::F32, sh);
+    check_stages(checks[size_t(rank)], DType::F32, sh);
   });
   for (const Checks& c : checks) c.report();
 }
