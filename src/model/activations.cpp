@@ -135,7 +135,9 @@ ActivationLayout plan_activations(const ModelDims& d, const ActivationOptions& o
   const bool head = L.end_segment == L_ + 2, layers = L.end_layer > L.first_layer;
   // Inputs of the stage's layers that may go to host memory: not a received one.
   const int host_lo = L.first_layer + (L.first_segment >= 1 ? 1 : 0);
-  const auto host_input = [&](int l) { return l >= host_lo && l < L.end_layer && l < o.host_layers; };
+  const auto host_input = [&](int l) {
+    return l >= host_lo && l < L.end_layer && l < o.host_layers;
+  };
   Component comp = Component::Checkpoints;
   bool per_pass = true;  // what the next buffers are (see passes_in_flight)
   auto add = [&](DType dt, std::initializer_list<int64_t> dims) {

@@ -128,8 +128,12 @@ struct ActivationLayout {
   // one pass in flight lays out exactly the single-pass arena. Shared slots are their own copy.
   int passes = 1;
   std::vector<std::vector<int>> device_bank, host_bank;  // [bank][bank 0's slot]
-  int device_slot(int slot, int bank) const { return slot < 0 ? slot : device_bank[size_t(bank)][size_t(slot)]; }
-  int host_slot(int slot, int bank) const { return slot < 0 ? slot : host_bank[size_t(bank)][size_t(slot)]; }
+  int device_slot(int slot, int bank) const {
+    return slot < 0 ? slot : device_bank[size_t(bank)][size_t(slot)];
+  }
+  int host_slot(int slot, int bank) const {
+    return slot < 0 ? slot : host_bank[size_t(bank)][size_t(slot)];
+  }
   // The stage: segments [first_segment, end_segment), its layers [first_layer, end_layer).
   int first_segment = 0, end_segment = 0, first_layer = 0, end_layer = 0;
   std::vector<int> xs;             // layer inputs x_0..x_L (x_L feeds the final norm; with every

@@ -13,7 +13,8 @@ namespace mop {
 SavedActivations::SavedActivations(Ops& ops, const ActivationLayout& plan, const Arena& device,
                                    const Arena& host)
     : ops_(ops), plan_(plan), device_(device), host_(host), compute_(ops.stream()),
-      copy_(ops.device()), layers_(size_t(plan.passes) * plan.xs_host.size()), compute_point_(ops.device()),
+      copy_(ops.device()), layers_(size_t(plan.passes) * plan.xs_host.size()),
+      compute_point_(ops.device()),
       copy_done_(ops.device()) {
   for (PerLayer& p : layers_)
     for (Event* e : {&p.input_out, &p.input_in, &p.attn_out, &p.attn_in}) *e = Event(ops.device());
@@ -22,7 +23,8 @@ SavedActivations::SavedActivations(Ops& ops, const ActivationLayout& plan, const
 SavedActivations::~SavedActivations() { copy_.get().synchronize(); }
 
 void SavedActivations::use_bank(int bank) {
-  MOP_CHECK(bank >= 0 && bank < plan_.passes, "saved activations: bank ", bank, " of ", plan_.passes);
+  MOP_CHECK(bank >= 0 && bank < plan_.passes, "saved activations: bank ", bank, " of ",
+            plan_.passes);
   bank_ = bank;
 }
 

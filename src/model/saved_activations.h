@@ -90,7 +90,7 @@ class SavedActivations {
   std::vector<PerLayer> layers_;  // [bank][layer]
   Event compute_point_, copy_done_;
   int bank_ = 0;
-  PerLayer* last_attn_out_ = nullptr;  // the host-kept layer whose attention copy out was issued last
+  PerLayer* last_attn_out_ = nullptr;  // the host-kept layer whose attention copy out went last
 };
 
 }  // namespace mop

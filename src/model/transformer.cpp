@@ -52,7 +52,8 @@ void Transformer::allocate() {
   host_arena_.allocate();
   const ActivationOptions& o = opt_.plan;
   const ModelComms& comms = opt_.comms;
-  const bool layers = plan_.end_layer > plan_.first_layer;  // a stage of the embedding or head alone: no attention
+  // A stage of the embedding or the head alone has no attention.
+  const bool layers = plan_.end_layer > plan_.first_layer;
   if (ring_ && layers) {
     ring_attention_ = std::make_unique<RingAttention>(*comms.cp, ops_, o.max_batch, o.max_seq, d_.heads,
                                                       d_.kv_heads, d_.head_dim, cdt_, comms.cp_ring);
@@ -491,7 +492,8 @@ void Transformer::layer_bwd(int l, const Acts& a, const Batch& b, Tensor x_in, T
                      dev(s_.dln));  // dln: dead until the q/k/v projections' backward
   }
   // The set's attn and lse are free: the previous layer's kept attention may come back into them.
-  if (saved_ && l > plan_.first_layer) saved_->fetch_attention(l - 1, attn_of(l - 1, a, T), lse_of(l - 1, a, T));
+  if (saved_ && l > plan_.first_layer)
+    saved_->fetch_attention(l - 1, attn_of(l - 1, a, T), lse_of(l - 1, a, T));
   ops_.rope_bwd(dq.view({T, Nq, D}), b.positions, theta);
   ops_.rope_bwd(dk.view({T, Nkv, D}), b.positions, theta);
   Tensor dq_raw = dq, dk_raw = dk, ln1 = act(a.ln1, T);
@@ -524,7 +526,8 @@ Transformer::Pass Transformer::begin(const Batch& b, float aux_scale, bool train
             "×", b.seq, " exceeds the planned ", opt_.plan.max_batch, "×", opt_.plan.max_seq);
   MOP_CHECK(b.ids.numel() == T && b.targets.numel() == T && b.positions.numel() == T,
             "batch tensors must have B·S elements");
-  MOP_CHECK(bank >= 0 && bank < plan_.passes, "bank ", bank, " of ", plan_.passes, " passes in flight");
+  MOP_CHECK(bank >= 0 && bank < plan_.passes, "bank ", bank, " of ", plan_.passes,
+            " passes in flight");
   if (plan_.passes == 1) {  // a begin() ends the last pass
     held_[0] = 0, open_backward_ = -1;
   }
@@ -556,7 +559,8 @@ Tensor Transformer::stage_output(const Pass& p) const {
 }
 
 Tensor Transformer::stage_output_grad(const Pass& p) const {
-  MOP_CHECK(end_segment() <= d_.layers + 1, "the stage ends with the head: it receives no gradient");
+  MOP_CHECK(end_segment() <= d_.layers + 1,
+            "the stage ends with the head: it receives no gradient");
   return in_bank(s_.dx, p);
 }
 
@@ -627,20 +631,24 @@ void Transformer::backward_segment(const Pass& p, int s) {
 }
 
 void Transformer::forward(const Pass& p, int begin, int end) {
-  MOP_CHECK(first_segment() <= begin && begin <= end && end <= end_segment(), "forward of segments [",
-            begin, ",", end, ") on a stage of [", first_segment(), ",", end_segment(), ")");
-  MOP_CHECK(open_backward_ < 0, "a forward while bank ", open_backward_, "'s backward is under way");
+  MOP_CHECK(first_segment() <= begin && begin <= end && end <= end_segment(),
+            "forward of segments [", begin, ",", end, ") on a stage of [", first_segment(), ",",
+            end_segment(), ")");
+  MOP_CHECK(open_backward_ < 0, "a forward while bank ", open_backward_,
+            "'s backward is under way");
   use(p);
   for (int s = begin; s < end; ++s) forward_segment(p, s);
 }
 
 void Transformer::backward(const Pass& p, int begin, int end) {
   MOP_CHECK(p.training, "backward of a pass begun without training");
-  MOP_CHECK(first_segment() <= begin && begin <= end && end <= end_segment(), "backward of segments [",
-            begin, ",", end, ") on a stage of [", first_segment(), ",", end_segment(), ")");
-  MOP_CHECK(held_[size_t(p.bank)], "backward of bank ", p.bank, ", which holds no pass to differentiate");
-  MOP_CHECK(open_backward_ < 0 || open_backward_ == p.bank, "a backward of bank ", p.bank, " while bank ",
-            open_backward_, "'s is under way");
+  MOP_CHECK(first_segment() <= begin && begin <= end && end <= end_segment(),
+            "backward of segments [", begin, ",", end, ") on a stage of [", first_segment(), ",",
+            end_segment(), ")");
+  MOP_CHECK(held_[size_t(p.bank)], "backward of bank ", p.bank,
+            ", which holds no pass to differentiate");
+  MOP_CHECK(open_backward_ < 0 || open_backward_ == p.bank, "a backward of bank ", p.bank,
+            " while bank ", open_backward_, "'s is under way");
   use(p);
   open_backward_ = p.bank;
   for (int s = end - 1; s >= begin; --s) backward_segment(p, s);
@@ -649,7 +657,7 @@ void Transformer::backward(const Pass& p, int begin, int end) {
 
 void Transformer::forward(const Batch& b, float aux_scale) {
   MOP_CHECK(first_segment() == 0 && end_segment() == num_segments(d_),
-            "a forward of a whole micro-batch on a stage; a stage runs its passes segment by segment");
+            "a whole micro-batch's forward on a stage: a stage runs its passes by segments");
   forward(begin(b, aux_scale, false), first_segment(), end_segment());
 }
 

@@ -54,7 +54,8 @@ struct Data {
   }
   Batch batch() {
     return {kBatch, kSeq, Tensor(ids.data(), DType::I32, {kTokens}),
-            Tensor(targets.data(), DType::I32, {kTokens}), Tensor(pos.data(), DType::I32, {kTokens})};
+            Tensor(targets.data(), DType::I32, {kTokens}),
+            Tensor(pos.data(), DType::I32, {kTokens})};
   }
 };
 
@@ -166,17 +167,21 @@ int64_t differ(const Tensor& a, const Tensor& b) {
   const size_t w = dtype_size(a.dtype), n = a.bytes() / w;
   int64_t count = 0;
   for (size_t i = 0; i < n; ++i)
-    count += std::memcmp(static_cast<const char*>(a.data) + i * w, static_cast<const char*>(b.data) + i * w, w) != 0;
+    count += std::memcmp(static_cast<const char*>(a.data) + i * w,
+                         static_cast<const char*>(b.data) + i * w, w) != 0;
   return count;
 }
 
 bool all_finite(const Tensor& t) {
   for (int64_t i = 0; i < t.numel(); ++i)
-    if (!std::isfinite(t.dtype == DType::F64 ? t.ptr<double>()[i] : double(t.ptr<float>()[i]))) return false;
+    if (!std::isfinite(t.dtype == DType::F64 ? t.ptr<double>()[i] : double(t.ptr<float>()[i])))
+      return false;
   return true;
 }
 
-bool close(double a, double b, double rtol) { return std::fabs(a - b) <= rtol * std::fabs(b); }
+bool close(double a, double b, double rtol) {
+  return std::fabs(a - b) <= rtol * std::fabs(b);
+}
 
 // The activation plans the tests run: whole blocks, MoE chunks, recompute with saved tensors on
 // the host and kept attention (the saved activations' banks and copies).
@@ -204,7 +209,7 @@ void check_interleaved(Checks& c, DType dt, const Shards& sh = {}) {
   const int rank = sh.rank;
   // F0 F1 B0 F2 B1 B2 over two banks (1F1B's first stage of two), F0 F1 F2 B0 B1 B2 over three.
   const std::vector<std::pair<std::vector<int>, int>> orders = {{{1, 2, -1, 3, -2, -3}, 2},
-                                                               {{1, 2, 3, -1, -2, -3}, 3}};
+                                                                {{1, 2, 3, -1, -2, -3}, 3}};
   for (const Variant& v : kVariants)
     for (const auto& [order, banks] : orders) {
       if (sh.cp && v.keep_attention) continue;  // kept attention needs cp 1 or ring attention
@@ -288,8 +293,8 @@ Pipeline pipeline(DType dt, const Variant& v, const std::vector<int>& cuts, cons
       if (step > 0) {
         std::vector<char>& in = fwd[size_t(i)][size_t(mb)];
         if (i > 0 && in.empty()) continue;
-        pass = t.begin(data[size_t(mb)].batch(), kAuxScale, true, kCeScale, /*write_experts=*/mb == 0,
-                       mb % std::min(P - i, kMicroBatches));
+        pass = t.begin(data[size_t(mb)].batch(), kAuxScale, true, kCeScale,
+                       /*write_experts=*/mb == 0, mb % std::min(P - i, kMicroBatches));
         if (i > 0) {
           Tensor x = t.stage_input(pass);
           require(x.bytes() == row_bytes, "stage input of [T, H]");
@@ -299,7 +304,8 @@ Pipeline pipeline(DType dt, const Variant& v, const std::vector<int>& cuts, cons
         if (i + 1 < P) {
           const Tensor y = t.stage_output(pass);
           std::vector<char>& out = fwd[size_t(i) + 1][size_t(mb)];
-          out.assign(static_cast<const char*>(y.data), static_cast<const char*>(y.data) + y.bytes());
+          out.assign(static_cast<const char*>(y.data),
+                     static_cast<const char*>(y.data) + y.bytes());
         }
       } else {
         std::vector<char>& dy = bwd[size_t(i)][size_t(mb)];
@@ -309,11 +315,13 @@ Pipeline pipeline(DType dt, const Variant& v, const std::vector<int>& cuts, cons
           require(g.bytes() == row_bytes, "stage output gradient of [T, H]");
           std::memcpy(g.data, dy.data(), row_bytes);
         }
-        for (int s = end - 1; s >= first; --s) t.backward(pass, s, s + 1);  // as the program calls it
+        for (int s = end - 1; s >= first; --s)
+          t.backward(pass, s, s + 1);  // as the program calls it
         if (i > 0) {
           const Tensor dx = t.stage_input_grad(pass);
           std::vector<char>& out = bwd[size_t(i) - 1][size_t(mb)];
-          out.assign(static_cast<const char*>(dx.data), static_cast<const char*>(dx.data) + dx.bytes());
+          out.assign(static_cast<const char*>(dx.data),
+                     static_cast<const char*>(dx.data) + dx.bytes());
         }
       }
       ++next[size_t(i)];
@@ -330,7 +338,8 @@ Pipeline pipeline(DType dt, const Variant& v, const std::vector<int>& cuts, cons
 void check_stages(Checks& c, DType dt, const Shards& sh = {}) {
   const int rank = sh.rank;
   // Two and three stages; the embedding or the head alone; an uneven cut.
-  const std::vector<std::vector<int>> splits = {{0, 3, 6}, {0, 2, 4, 6}, {0, 1, 5, 6}, {0, 4, 5, 6}};
+  const std::vector<std::vector<int>> splits = {
+      {0, 3, 6}, {0, 2, 4, 6}, {0, 1, 5, 6}, {0, 4, 5, 6}};
   for (const Variant& v : kVariants)
     for (const std::vector<int>& cuts : splits) {
       if (sh.cp && v.keep_attention) continue;
@@ -350,7 +359,8 @@ void check_stages(Checks& c, DType dt, const Shards& sh = {}) {
         for (int p = 0; p < st.params->num_params(); ++p) {
           const int s = st.segment_of(p);
           if (s < cuts[i] || s >= cuts[i + 1]) continue;
-          const std::string name = "stage " + std::to_string(i) + ": " + st.layout.params[size_t(p)].name;
+          const std::string name =
+              "stage " + std::to_string(i) + ": " + st.layout.params[size_t(p)].name;
           c.expect(differ(whole.params->grad(p), st.params->grad(p)) == 0, name + " bitwise");
           c.expect(all_finite(st.params->grad(p)), name + " finite");
           ++compared;
@@ -362,14 +372,16 @@ void check_stages(Checks& c, DType dt, const Shards& sh = {}) {
 
 }  // namespace
 
-TEST_CASE("stages: interleaved passes equal sequential ones bit for bit", "[cpu][model][transformer]") {
+TEST_CASE("stages: interleaved passes equal sequential ones bit for bit",
+          "[cpu][model][transformer]") {
   Checks c;
   check_interleaved(c, DType::F32);
   check_interleaved(c, DType::F64);
   c.report();
 }
 
-TEST_CASE("stages: a model cut into stages under 1F1B equals the whole model", "[cpu][model][transformer]") {
+TEST_CASE("stages: a model cut into stages under 1F1B equals the whole model",
+          "[cpu][model][transformer]") {
   Checks c;
   check_stages(c, DType::F32);
   check_stages(c, DType::F64);
@@ -390,7 +402,8 @@ TEST_CASE("stages: passes in flight and stages over two expert-parallel ranks",
   for (const Checks& c : checks) c.report();
 }
 
-TEST_CASE("stages: passes in flight and stages over cp 2 (Ulysses) and ep 2", "[cpu][model][transformer]") {
+TEST_CASE("stages: passes in flight and stages over cp 2 (Ulysses) and ep 2",
+          "[cpu][model][transformer]") {
   // The two ranks shard the sequences for attention (head-sharded whole sequences in the sets)
   // and the experts for the MoE blocks, the router's counts summed over the cp group.
   std::vector<std::unique_ptr<Comm>> comms = make_inprocess_comms(2);
@@ -412,8 +425,10 @@ TEST_CASE("stages: the plan holds a bank per pass of what lives to the backward"
     o.max_batch = kBatch, o.max_seq = kSeq;
     const ActivationLayout one = plan_activations(d, o);
     size_t per_pass = 0, host_per_pass = 0;
-    for (const BufferSpec& b : one.device) per_pass += b.per_pass && b.within < 0 ? align_up(b.shape.bytes()) : 0;
-    for (const BufferSpec& b : one.host) host_per_pass += b.per_pass ? align_up(b.shape.bytes()) : 0;
+    for (const BufferSpec& b : one.device)
+      per_pass += b.per_pass && b.within < 0 ? align_up(b.shape.bytes()) : 0;
+    for (const BufferSpec& b : one.host)
+      host_per_pass += b.per_pass ? align_up(b.shape.bytes()) : 0;
     CHECK(per_pass > 0);
     o.passes_in_flight = 3;
     const ActivationLayout three = plan_activations(d, o);
@@ -447,15 +462,18 @@ TEST_CASE("stages: the plan holds a bank per pass of what lives to the backward"
   CHECK(mid.arena_bytes() < whole.arena_bytes());
 }
 
-TEST_CASE("stages: banks and boundaries used out of turn are internal errors", "[cpu][model][transformer]") {
+TEST_CASE("stages: banks and boundaries used out of turn are internal errors",
+          "[cpu][model][transformer]") {
   ActivationOptions o;
   o.passes_in_flight = 2, o.first_segment = 2, o.end_segment = 4;
   Model m(DType::F32, o);
   Transformer& t = *m.model;
   Data d0(0, 0), d1(1, 0);
-  CHECK_THROWS_WITH(t.begin(d0.batch(), 1, true, kCeScale, false, 2), Catch::Contains("bank 2 of 2"));
+  CHECK_THROWS_WITH(t.begin(d0.batch(), 1, true, kCeScale, false, 2),
+                    Catch::Contains("bank 2 of 2"));
   const Transformer::Pass p0 = t.begin(d0.batch(), 1, true, kCeScale, false, 0);
-  CHECK_THROWS_WITH(t.begin(d1.batch(), 1, true, kCeScale, false, 0), Catch::Contains("still holds"));
+  CHECK_THROWS_WITH(t.begin(d1.batch(), 1, true, kCeScale, false, 0),
+                    Catch::Contains("still holds"));
   CHECK_THROWS_WITH(t.forward(p0, 1, 4), Catch::Contains("on a stage of [2,4)"));
   t.forward(p0, 2, 4);
   const Transformer::Pass p1 = t.begin(d1.batch(), 1, true, kCeScale, false, 1);
@@ -469,7 +487,8 @@ TEST_CASE("stages: banks and boundaries used out of turn are internal errors", "
   // Boundaries: this stage has both; the whole model has neither.
   CHECK(t.stage_input(p0).shape_str() == Tensor(nullptr, DType::F32, {kTokens, 8}).shape_str());
   CHECK(t.stage_output(p1).data != t.stage_output(p0).data);  // a bank each
-  CHECK(t.stage_output_grad(p0).data == t.stage_input_grad(p1).data);  // the shared residual gradient
+  CHECK(t.stage_output_grad(p0).data ==
+        t.stage_input_grad(p1).data);  // the shared residual gradient
   Model whole(DType::F32, ActivationOptions{});
   const Transformer::Pass w = whole.model->begin(d0.batch(), 1, false);
   CHECK_THROWS_WITH(whole.model->stage_input(w), Catch::Contains("starts with the embedding"));
