@@ -254,7 +254,7 @@ int cmd_plan(const PlanArgs& args) {
   const Config cfg = load_config(args.config, args.overrides);
   if (args.search || cfg.train.plan == "auto") {
     const PlanTarget target = plan_target(cfg, args.machine, args.gpus, args.nodes, args.search);
-    const SearchResult r = search_plans(cfg, target.machine, target.world);
+    const SearchResult r = search_plans(cfg, target.machine, target.world, /*pipelines=*/args.search);
     if (args.json) {
       Json j = search_json(r, args.top);
       Json notes = Json::array();

@@ -211,45 +211,41 @@ int64_t attention_tile(const Plan& p) {
   return best_s < (1 - kTileGain) * whole ? best : 0;
 }
 
-// Pipeline stages: a rank's activations are its chunks' layers' for every pass in flight — the
-// passes its schedule has begun and not yet finished backward (1F1B: up to pp − stage; the
-// interleaved schedule more). An estimate until the model keeps several passes: what a layer adds
-// to the activation plan (its input, its saved tensors, without recompute its whole set) is kept
-// per pass in flight; the rest (the shared scratch, the LM head's chunk) once.
+// Pipeline stages: each pipeline rank's chunks, each planned as the model lays it out — its
+// segments, a bank per pass of the chunk the schedule has begun and not yet finished backward
+// (1F1B: up to pp − stage; the interleaved schedule more).
+std::vector<std::vector<ActivationLayout>> plan_stage_activations(const Plan& p, const ModelDims& dims,
+                                                                  const ActivationOptions& o) {
+  std::vector<std::vector<ActivationLayout>> out(size_t(p.pp));
+  for (int stage = 0; stage < p.pp; ++stage) {
+    const std::vector<PipePass> passes = p.pp_schedule == "interleaved"
+                                             ? interleaved(stage, p.pp, p.micro_batches, p.pp_chunks)
+                                             : one_f_one_b(stage, p.pp, p.micro_batches);
+    std::vector<int> open(size_t(p.pp_chunks), 0), most(size_t(p.pp_chunks), 1);
+    for (const PipePass& x : passes) {
+      int& n = open[size_t(x.chunk)];
+      n += x.forward ? 1 : -1;
+      most[size_t(x.chunk)] = std::max(most[size_t(x.chunk)], n);
+    }
+    for (int c = 0; c < p.pp_chunks; ++c) {
+      const int v = c * p.pp + stage;
+      ActivationOptions chunk = o;
+      chunk.first_segment = p.split.first[size_t(v)], chunk.end_segment = p.split.first[size_t(v + 1)];
+      chunk.passes_in_flight = most[size_t(c)];
+      out[size_t(stage)].push_back(plan_activations(dims, chunk));
+    }
+  }
+  return out;
+}
+
 void pipeline_activations(const Plan& p, int rank, MemoryPlan& m) {
-  const int stage = p.stage_of(rank), M = p.micro_batches;
-  const std::vector<PipePass> passes = p.pp_schedule == "interleaved"
-                                           ? interleaved(stage, p.pp, M, p.pp_chunks)
-                                           : one_f_one_b(stage, p.pp, M);
-  // Per layer kept by a pass: the whole model's plan less the plan of one layer fewer (a MoE
-  // layer's, the kind most layers are).
-  const ModelDims whole = ModelDims::from(p.cfg, 0, p.ep);
-  ModelDims fewer = whole;
-  fewer.layers -= 1;
-  const ActivationLayout all = plan_activations(whole, p.activation_options),
-                         less = plan_activations(fewer, p.activation_options);
-  auto diff = [](size_t a, size_t b) { return a > b ? a - b : size_t(0); };
-  const size_t per_layer = diff(all.device_bytes(), less.device_bytes()),
-               per_layer_host = diff(all.host_bytes(), less.host_bytes());
-  const size_t shared = diff(all.device_bytes(), per_layer * size_t(whole.layers));
-  std::vector<int64_t> layers(size_t(p.pp_chunks), 0);
-  for (int c = 0; c < p.pp_chunks; ++c) {
-    const int v = c * p.pp + stage;
-    for (int s = p.split.first[size_t(v)]; s < p.split.first[size_t(v + 1)]; ++s)
-      layers[size_t(c)] += s >= 1 && s <= p.dims.layers;
+  m.activations = m.host_activations = 0;
+  m.activations_by_component = {};
+  for (const ActivationLayout& a : p.stage_activations[size_t(p.stage_of(rank))]) {
+    m.activations += a.device_bytes(), m.host_activations += a.host_bytes();
+    const auto parts = a.device_by_component();
+    for (size_t i = 0; i < parts.size(); ++i) m.activations_by_component[i] += parts[i];
   }
-  int64_t kept = 0, most = 0;  // layers' activations held by the passes in flight
-  for (const PipePass& x : passes) {
-    kept += (x.forward ? 1 : -1) * layers[size_t(x.chunk)];
-    most = std::max(most, kept);
-  }
-  m.activations = shared + per_layer * size_t(most);
-  m.host_activations = diff(all.host_bytes(), per_layer_host * size_t(whole.layers)) + per_layer_host * size_t(most);
-  // By component: the whole plan's shares, scaled to the stage's total.
-  const auto parts = all.device_by_component();
-  for (size_t i = 0; i < parts.size(); ++i)
-    m.activations_by_component[i] =
-        size_t(double(parts[i]) * double(m.activations) / std::max(1.0, double(all.device_bytes())));
 }
 
 }  // namespace
@@ -372,6 +368,7 @@ MemoryPlan Plan::memory_without(Technique t) const {
     case Technique::ExchangeBudget:  // the worst-case receive buffers
       q.cfg.parallel.moe.exchange_budget = 0, q.activation_options.exchange_rows = 0;
       q.activations = plan_activations(ModelDims::from(cfg, 0, ep), q.activation_options);
+      if (pp > 1) q.stage_activations = plan_stage_activations(q, ModelDims::from(cfg, 0, ep), q.activation_options);
       break;
   }
   return q.memory_of_rank(memory_rank);
@@ -501,7 +498,8 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
   p.parallel = make_parallel_spec(local, mesh, par.zero, par.shard == "slice");
   // On the CPU backend the gradients are in host memory already: streamed only when asked for
   // (optim.gradients: host), which runs the same schedule (the tests' way to check it).
-  p.stream_grads = stream && (p.run.device != Device::CPU || cfg.optim.gradients == "host");
+  // (Pipeline stages keep whole gradients: streaming them between 1F1B's passes is not planned.)
+  p.stream_grads = stream && (p.run.device != Device::CPU || cfg.optim.gradients == "host") && p.pp == 1;
   if (p.pp > 1) {
     // Pipeline stages: consecutive segments, the slowest stage as fast as can be (by the time of a
     // micro-batch's forward and backward through each segment; the earlier stages, which hold the
@@ -522,6 +520,7 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
   }
   if (p.pp == 1) place_saved(p, local_dims);  // a pipeline stage keeps no attention, saves none on the host
   p.activations = plan_activations(local_dims, ao);
+  if (p.pp > 1) p.stage_activations = plan_stage_activations(p, local_dims, ao);
   {
     const int64_t T = int64_t(ao.max_batch) * ao.max_seq;
     std::string note = "activations: ";
@@ -645,6 +644,8 @@ Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_
                  "optim.gradients: host streams the gradients of the segments whose optimizer state is on "
                  "the host, but optim.state_placement: gpu keeps every segment's on the GPU; use "
                  "optim.gradients: auto or gpu, or optim.state_placement: auto or host");
+  MOP_USER_CHECK(g != "host" || cfg.parallel.pp == 1, "optim.gradients: host with parallel.pp ", cfg.parallel.pp,
+                 ": pipeline stages keep whole gradients; use optim.gradients: auto or gpu");
   Plan p = plan_with(cfg, machine, world, g == "host");
   if (g == "auto" && p.host_params > 0 && p.run.device != Device::CPU) {
     // Streamed when only that fits, or when it is not slower.

@@ -73,6 +73,9 @@ struct Plan {
   int pp = 1, pp_chunks = 1;
   std::string pp_schedule = "1f1b";
   StageSplit split;
+  // Pipeline stages: per pipeline rank, its chunks' activation plans (the model's: each chunk's
+  // segments with a bank per pass of it the schedule keeps in flight), once per plan.
+  std::vector<std::vector<ActivationLayout>> stage_activations;
   int stage_size() const { return world / pp; }
   int stage_of(int rank) const { return rank / stage_size(); }  // pp is the outermost axis
   // Whether `rank` runs segment s (every segment without a pipeline).

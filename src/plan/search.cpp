@@ -4,9 +4,12 @@
 #include "plan/search.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <cstdio>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "core/error.h"
 
@@ -41,7 +44,83 @@ void erase_key(std::string& text, const std::string& key) {
 
 }  // namespace
 
-SearchResult search_plans(const Config& base, const Machine& machine, int world) {
+namespace {
+
+// The search with parallel.pp as `base` gives it.
+SearchResult search_one_pipeline(const Config& base, const Machine& machine, int world);
+
+// A pipeline layout the search tries: stages, schedule, chunks per rank.
+struct PipeChoice {
+  int64_t pp = 1;
+  std::string schedule = "1f1b";
+  int64_t chunks = 1;
+};
+
+std::vector<PipeChoice> pipe_choices(const Config& base, const Machine& machine, int world, bool open) {
+  if (!open) return {{base.parallel.pp, base.parallel.pipeline.schedule, base.parallel.pipeline.virtual_stages}};
+  std::vector<PipeChoice> out = {{1, "1f1b", 1}};
+  const int64_t segments = base.model.num_layers + 2, node = std::max(1, std::min(machine.gpus_per_node, world));
+  for (int64_t pp : divisors(world)) {
+    if (pp == 1 || pp > segments || (world / pp) % node != 0 || base.model.tie_embeddings) continue;
+    out.push_back({pp, "1f1b", 1});
+    if (2 * pp <= segments) out.push_back({pp, "interleaved", 2});
+  }
+  return out;
+}
+
+}  // namespace
+
+SearchResult search_plans(const Config& base, const Machine& machine, int world, bool pipelines) {
+  SearchResult out;
+  const bool open_pp = pipelines && !base.is_pinned("parallel.pp");
+  if (!open_pp) return search_one_pipeline(base, machine, world);
+  out.open_keys.push_back("parallel.pp");
+  for (const PipeChoice& pipe : pipe_choices(base, machine, world, open_pp)) {
+    Config c = base;
+    c.parallel.pp = pipe.pp, c.parallel.pipeline.schedule = pipe.schedule;
+    c.parallel.pipeline.virtual_stages = pipe.chunks;
+    c.pinned.insert("parallel.pp");
+    // Pipelines multiply the search: past pp 1 the keys that mostly trade memory for time take the
+    // values the plans without pp pick most (state auto, gradients auto, the exchange in 4 chunks
+    // under a budget of 2), and micro-batches of one sequence (the most micro-batches, the smallest
+    // bubble), unless the config gives them.
+    auto hold = [&](const char* key, auto set) {
+      if (pipe.pp == 1 || c.is_pinned(key)) return;
+      set();
+      c.pinned.insert(key);
+    };
+    hold("optim.state_placement", [&] { c.optim.state_placement = "auto"; });
+    hold("optim.gradients", [&] { c.optim.gradients = "auto"; });
+    hold("parallel.moe.chunks", [&] { c.parallel.moe.chunks = 4; });
+    hold("parallel.moe.exchange_budget", [&] { c.parallel.moe.exchange_budget = 2; });
+    hold("train.micro_batch_size", [&] { c.train.micro_batch_size = 1; });  // the most micro-batches
+    SearchResult r = search_one_pipeline(c, machine, world);
+    for (Candidate& x : r.feasible) {
+      if (pipe.pp > 1)
+        x.settings = "pp " + std::to_string(pipe.pp) + (pipe.chunks > 1 ? " interleaved × 2" : "") + ", " + x.settings;
+      out.feasible.push_back(std::move(x));
+    }
+    for (Candidate& x : r.rejected) {
+      if (pipe.pp > 1)
+        x.settings = "pp " + std::to_string(pipe.pp) + (pipe.chunks > 1 ? " interleaved × 2" : "") + ", " + x.settings;
+      out.rejected.push_back(std::move(x));
+    }
+    if (out.open_keys.size() == 1)
+      for (const std::string& k : r.open_keys)
+        if (k != "parallel.pp") out.open_keys.push_back(k);
+  }
+  std::stable_sort(out.feasible.begin(), out.feasible.end(), [](const Candidate& x, const Candidate& y) {
+    if (x.plan.time.step != y.plan.time.step) return x.plan.time.step < y.plan.time.step;
+    if (x.plan.memory.device_total() != y.plan.memory.device_total())
+      return x.plan.memory.device_total() < y.plan.memory.device_total();
+    return x.plan.memory.host_total() < y.plan.memory.host_total();
+  });
+  return out;
+}
+
+namespace {
+
+SearchResult search_one_pipeline(const Config& base, const Machine& machine, int world) {
   SearchResult out;
   auto open = [&](const char* key) {
     const bool o = !base.is_pinned(key);
@@ -90,6 +169,7 @@ SearchResult search_plans(const Config& base, const Machine& machine, int world)
     return out;
   }
   std::set<std::string> seen;  // plans that came out the same (auto placement = gpu, …)
+  std::vector<Candidate> todo;  // every candidate, in the search's order
   // Sliced parameters keep no owners: ZeRO is not a choice beside them.
   struct Sharding {
     std::string shard;
@@ -152,29 +232,50 @@ SearchResult search_plans(const Config& base, const Machine& machine, int world)
                                       (sh.shard == "slice" ? ", slice" : world > 1 && sh.zero ? ", zero" : "") +
                                       ", state " + state + (grads == "host" ? ", grads host" : "");
                       cand.cfg = c;
-                      try {
-                        cand.plan = make_plan(c, machine, world, /*check_fit=*/false);
-                        cand.why = plan_overflow(cand.plan, &cand.group);
-                      } catch (const UserError& err) {
-                        cand.why = err.what();
-                        cand.group = "invalid settings";
-                      }
-                      if (!cand.why.empty()) {
-                        out.rejected.push_back(std::move(cand));
-                        continue;
-                      }
-                      // The same resolved plan under another name (auto placement that put
-                      // everything on the GPU is the gpu plan; streaming with nothing on the host
-                      // is not streaming) is listed once.
-                      std::string key = dump_config(c);
-                      erase_key(key, "state_placement:");
-                      erase_key(key, "gradients:");
-                      for (bool h : cand.plan.segment_on_host) key += h ? 'h' : 'g';
-                      key += cand.plan.stream_grads ? 's' : 'w';
-                      if (!seen.insert(key).second) continue;
-                      out.feasible.push_back(std::move(cand));
+                      todo.push_back(std::move(cand));
                     }
               }
+  // Planned on every core (each plan a pure function of its config), then taken in order.
+  std::vector<std::exception_ptr> failed(todo.size());  // an internal error, raised here below
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < todo.size();) {
+      Candidate& cand = todo[i];
+      try {
+        cand.plan = make_plan(cand.cfg, machine, world, /*check_fit=*/false);
+        cand.why = plan_overflow(cand.plan, &cand.group);
+      } catch (const UserError& err) {
+        cand.why = err.what();
+        cand.group = "invalid settings";
+      } catch (...) {
+        failed[i] = std::current_exception();
+      }
+    }
+  };
+  {
+    const unsigned threads = std::max(1u, std::min(std::thread::hardware_concurrency(), 16u));
+    std::vector<std::thread> pool;
+    for (unsigned t = 1; t < threads && todo.size() > 1; ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+  }
+  for (const std::exception_ptr& e : failed)
+    if (e) std::rethrow_exception(e);
+  for (Candidate& cand : todo) {
+    if (!cand.why.empty()) {
+      out.rejected.push_back(std::move(cand));
+      continue;
+    }
+    // The same resolved plan under another name (auto placement that put everything on the GPU
+    // is the gpu plan; streaming with nothing on the host is not streaming) is listed once.
+    std::string key = dump_config(cand.cfg);
+    erase_key(key, "state_placement:");
+    erase_key(key, "gradients:");
+    for (bool h : cand.plan.segment_on_host) key += h ? 'h' : 'g';
+    key += cand.plan.stream_grads ? 's' : 'w';
+    if (!seen.insert(key).second) continue;
+    out.feasible.push_back(std::move(cand));
+  }
   // Fastest first; of plans equally fast, the one that takes less memory (device, then host).
   std::stable_sort(out.feasible.begin(), out.feasible.end(), [](const Candidate& x, const Candidate& y) {
     if (x.plan.time.step != y.plan.time.step) return x.plan.time.step < y.plan.time.step;
@@ -184,6 +285,8 @@ SearchResult search_plans(const Config& base, const Machine& machine, int world)
   });
   return out;
 }
+
+}  // namespace
 
 namespace {
 
@@ -201,7 +304,7 @@ bool some_plan_fits(const Config& base, const Machine& machine, int world) {
   frugal("train.recompute", [&] { c.train.recompute = true; });
   frugal("optim.state_placement", [&] { c.optim.state_placement = "auto"; });
   frugal("parallel.moe.exchange_budget", [&] { c.parallel.moe.exchange_budget = 2; });
-  return !search_plans(c, machine, world).feasible.empty();
+  return !search_one_pipeline(c, machine, world).feasible.empty();
 }
 
 }  // namespace

@@ -27,7 +27,12 @@ struct SearchResult {
   std::vector<std::string> open_keys;  // what the search chose (the keys the config leaves open)
 };
 
-SearchResult search_plans(const Config& cfg, const Machine& machine, int world);
+// pipelines: parallel.pp (when the config leaves it open) is searched too — 1 and the stage counts
+// whose stages are whole nodes (or one node's share of a smaller job), each with 1F1B and, where
+// the micro-batches divide, interleaved over 2 chunks. Only `mop plan --search` asks for them:
+// mop train does not run pipelines yet, so train.plan: auto and the layouts mop plan, validate and
+// emulate choose keep parallel.pp as the config gives it.
+SearchResult search_plans(const Config& cfg, const Machine& machine, int world, bool pipelines = false);
 
 // What would make a plan fit where none fits `world` ranks (0: nothing found): the most ranks
 // below `world` and the fewest above it (whole nodes of `gpus_per_node` past one node, at most

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "plan/machine.h"
 #include "plan/plan.h"
+#include "plan/search.h"
 #include "plan/step_walk.h"
 
 using namespace mop;
@@ -231,4 +232,22 @@ TEST_CASE("pipeline plan: every parameter on one stage, stages balanced", "[cpu]
                             builtin_machine("cpu"), 2),
                   UserError);
   CHECK_THROWS_AS(make_plan(config({"parallel.pp=3"}), builtin_machine("cpu"), 2), UserError);
+}
+
+TEST_CASE("pipeline search: mop plan --search tries stages; the layouts mop train takes keep pp 1",
+          "[cpu][plan]") {
+  Config cfg = load_config(std::string(MOP_SOURCE_DIR) + "/configs/tiny.yaml", {"model.tie_embeddings=false"});
+  const SearchResult with = search_plans(cfg, builtin_machine("cpu"), 2, /*pipelines=*/true);
+  const SearchResult without = search_plans(cfg, builtin_machine("cpu"), 2);
+  int piped = 0;
+  for (const Candidate& c : with.feasible) {
+    if (c.plan.pp == 1) continue;
+    ++piped;
+    CHECK(c.settings.rfind("pp 2", 0) == 0);
+    CHECK(c.cfg.parallel.pp == 2);
+  }
+  CHECK(piped > 0);
+  for (const Candidate& c : without.feasible) CHECK(c.plan.pp == 1);
+  CHECK(std::find(with.open_keys.begin(), with.open_keys.end(), "parallel.pp") != with.open_keys.end());
+  CHECK(std::find(without.open_keys.begin(), without.open_keys.end(), "parallel.pp") == without.open_keys.end());
 }
