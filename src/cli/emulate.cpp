@@ -284,6 +284,8 @@ int cmd_emulate(const EmulateArgs& args) {
                  cfg.model.num_layers, " (model.num_layers)");
   // The whole job's plan: refused here, before anything is allocated, when it does not fit.
   const Plan full = make_plan(job.cfg, machine, world);
+  MOP_USER_CHECK(full.pp == 1, "mop emulate: parallel.pp ", full.pp, ": emulating a pipeline stage's rank is not "
+                 "supported yet; mop plan prices it");
   const RoutingModel routing = RoutingModel::parse(args.routing, full.dims.experts, full.dims.top_k);
   const int layers = args.layers > 0 ? args.layers : int(cfg.model.num_layers);
   const int64_t moe_layers = layers - full.dims.first_dense;

@@ -68,12 +68,18 @@ std::unique_ptr<ParallelGroups> ParallelGroups::build(const Mesh& mesh, CommFact
   };
   const Named world{kWorldAxes, "world"}, cp{Axes{Axis::Cp}, "cp"}, ep{Axes{Axis::Ep}, "ep"},
       edp{kExpertReplicas, "edp"};
-  for (const Named& n : {world, cp, ep, edp})
+  // Pipeline stages: a stage's ranks (the dense replicas), the pipeline (its messages, the norms'
+  // sums over the stages) and the pipeline × expert ranks (the experts' norms), after the others.
+  const Named stage{kDenseReplicas, "stage"}, pipe{Axes{Axis::Pp}, "pp"}, pipe_ep{Axes{Axis::Pp, Axis::Ep}, "pp×ep"};
+  std::vector<Named> named = {world, cp, ep, edp};
+  if (mesh.dims().pp > 1) named.insert(named.end(), {stage, pipe, pipe_ep});
+  for (const Named& n : named)
     g->add(CommKind::Host, n.axes, watched(comms.host(group(n.axes))), n.label);
   g->world_host_ = &g->host(kWorldAxes);
-  for (const Named& n : {world, cp, ep, edp})
-    g->add(CommKind::Data, n.axes, watched(comms.data(group(n.axes), ops.device(), ops.stream())),
-           n.label);
+  for (const Named& n : named)
+    if (n.axes != pipe_ep.axes)
+      g->add(CommKind::Data, n.axes, watched(comms.data(group(n.axes), ops.device(), ops.stream())),
+             n.label);
   if (ops.device() == Device::CPU) return g;
   // An asynchronous comm on its own stream that follows the compute stream.
   auto side = [&](CommKind kind, const Named& n, Stream stream) {

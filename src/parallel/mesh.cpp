@@ -75,7 +75,7 @@ Mesh::Mesh(int world_size, const MeshDims& d) : world_size_(world_size), dims_(d
 Mesh Mesh::of(const Config& cfg, int world_size) {
   validate_parallel(cfg, world_size);
   MeshDims d;
-  d.dp = int(cfg.parallel.attention.dp), d.cp = int(cfg.parallel.attention.cp);
+  d.pp = int(cfg.parallel.pp), d.dp = int(cfg.parallel.attention.dp), d.cp = int(cfg.parallel.attention.cp);
   d.edp = int(cfg.parallel.moe.dp), d.ep = int(cfg.parallel.moe.ep);
   return Mesh(world_size, d);
 }

@@ -106,6 +106,20 @@ bool Plan::runs_segment(int rank, int s) const {
   return false;
 }
 
+bool Plan::owns(int rank, int p) const {
+  return parallel.owns(rank, p) && (pp == 1 || runs_segment(rank, param_segment(local_layout(), p)));
+}
+
+ActivationOptions Plan::stage_activation_options(int rank) const {
+  ActivationOptions o = activation_options;
+  if (pp == 1) return o;
+  MOP_CHECK(pp_chunks == 1, "one model chunk per pipeline rank");
+  const int stage = stage_of(rank);
+  o.first_segment = split.first[size_t(stage)], o.end_segment = split.first[size_t(stage + 1)];
+  o.passes_in_flight = std::min(micro_batches, pp - stage);  // 1F1B's warm-up and the pass after it
+  return o;
+}
+
 int64_t Plan::state_numel(int rank, int q, int64_t numel) const {
   if (!owns(rank, q)) return 0;
   if (parallel.params[size_t(q)].kind == Sharding::Slice) return aligned_numel(parallel.slice_numel(q, numel));
@@ -515,8 +529,8 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
     p.notes.push_back("pipeline: pp " + std::to_string(p.pp) + ", " + p.pp_schedule +
                       (p.pp_chunks > 1 ? " over " + std::to_string(p.pp_chunks) + " chunks per rank" : std::string()) +
                       ", " + std::to_string(p.micro_batches) + " micro-batches per step; segments per virtual stage " +
-                      stages + " (balanced by their time); mop train does not run pipelines yet: this is the "
-                      "plan's estimate");
+                      stages + " (balanced by their time); mop train runs them on CPU ranks so far (1f1b, "
+                      "owner, state with the backend): on GPUs this is the plan's estimate");
   }
   if (p.pp == 1) place_saved(p, local_dims);  // a pipeline stage keeps no attention, saves none on the host
   p.activations = plan_activations(local_dims, ao);

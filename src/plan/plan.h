@@ -127,7 +127,11 @@ struct Plan {
   // segment whose optimizer state is on the host, owned by this rank or not); empty without.
   std::vector<bool> streamed_segments() const;
   // Whether `rank` keeps parameter p's optimizer state (and updates it).
-  bool owns(int rank, int p) const { return parallel.owns(rank, p); }
+  // (Pipeline stages: only the ranks of the stage that runs its segment.)
+  bool owns(int rank, int p) const;
+  // Pipeline stages: the activation options of `rank`'s model — its stage's segments and a bank
+  // per pass its schedule keeps in flight (1F1B; the plan's options without a pipeline).
+  ActivationOptions stage_activation_options(int rank) const;
   // Tokens per optimizer step (all ranks) and the model FLOPs of one step.
   int64_t tokens_per_step() const;
   double model_flops_per_step() const;

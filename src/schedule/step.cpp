@@ -45,6 +45,9 @@ StepSchedule::StepSchedule(const Plan& plan, StepProgram program, Transformer& m
   MOP_CHECK(shape.streams() == params.streams_grads(), "the step program and the parameter store disagree on "
             "streamed gradients");
   MOP_CHECK(program_.slots == params.slots(), "the step program binds other slots than the parameter store has");
+  MOP_CHECK(!shape.pipelined() || (shape.chunks.size() == 1 && model.first_segment() == shape.chunks[0].first &&
+                                   model.end_segment() == shape.chunks[0].second),
+            "the step program's pipeline stage and the model's segments differ");
   if (shape.streams()) {
     for (int p = 0; p < params.num_params(); ++p)
       MOP_CHECK(params.grad_pooled(p) == shape.streamed_segment(param_segment(layout, p)),
@@ -188,8 +191,19 @@ void StepSchedule::run(const Action& a, Run& r) {
       }
       break;
     case ActionKind::BeginForward:
+      if (program_.shape.pipelined()) {
+        const Transformer::Pass& p = r.in_flight[a.micro_batch] = r.begin(a.micro_batch);
+        if (p.training) timed_.set_phase(StepPhase::Forward);
+        break;
+      }
       r.pass = r.begin(a.micro_batch);
       if (r.pass->training) timed_.set_phase(StepPhase::Forward);  // evaluation leaves the phase
+      break;
+    case ActionKind::RecvActivation:
+    case ActionKind::SendActivation:
+    case ActionKind::RecvGrad:
+    case ActionKind::SendGrad:
+      message(a, r);
       break;
     case ActionKind::WeightsReady:
       for (int s = a.begin; s < a.end; ++s) pipeline_->weights_ready(s);
@@ -197,13 +211,17 @@ void StepSchedule::run(const Action& a, Run& r) {
     case ActionKind::WaitUpdate:
       for (int s = a.begin; s < a.end; ++s) wait_update(s);
       break;
-    case ActionKind::Forward: model_.forward(*r.pass, a.begin, a.end); break;
+    case ActionKind::Forward: model_.forward(pass_of(r, a.micro_batch), a.begin, a.end); break;
     case ActionKind::BeginBackward:
       // The backward writes gradients: every segment's update has zeroed its own.
       wait_updates();
+      // Pipeline stages: the gradient buffer the last backward sent from is written again.
+      if (program_.shape.pipelined()) groups_.data(Axes{Axis::Pp}).join();
       timed_.set_phase(StepPhase::Backward);
       break;
-    case ActionKind::Backward: model_.backward(*r.pass, a.begin, a.end); break;
+    case ActionKind::Backward:
+      model_.backward(pass_of(r, a.micro_batch), a.begin, a.end);
+      break;
     case ActionKind::ReduceGrads:
       for (int s = a.begin; s < a.end; ++s) reduce_segment(s);
       break;
@@ -262,13 +280,51 @@ void StepSchedule::run(const Action& a, Run& r) {
   }
 }
 
+const Transformer::Pass& StepSchedule::pass_of(const Run& r, int m) const {
+  if (!program_.shape.pipelined()) return *r.pass;
+  const auto it = r.in_flight.find(m);
+  MOP_CHECK(it != r.in_flight.end(), "micro-batch ", m, "'s pass has not begun");
+  return it->second;
+}
+
+// The messages of a pipeline rank's chunk (one per rank: the model's stage) with its neighbours:
+// the activation forward, its gradient back, each tagged by micro-batch and direction; a host
+// comm's receive has its tensor at once, NCCL's once the compute stream joins the comm.
+void StepSchedule::message(const Action& a, Run& r) {
+  Comm& pipe = groups_.data(Axes{Axis::Pp});
+  const int stage = program_.shape.stage, m = a.micro_batch;
+  const Transformer::Pass& p = pass_of(r, m);
+  const int tag = 2 * m + (a.kind == ActionKind::RecvGrad || a.kind == ActionKind::SendGrad);
+  switch (a.kind) {
+    case ActionKind::RecvActivation:
+      pipe.recv(model_.stage_input(p), stage - 1, tag);
+      pipe.join();
+      break;
+    case ActionKind::SendActivation: pipe.send(model_.stage_output(p), stage + 1, tag); break;
+    case ActionKind::RecvGrad:
+      pipe.recv(model_.stage_output_grad(p), stage + 1, tag);
+      pipe.join();
+      break;
+    case ActionKind::SendGrad:
+      pipe.send(model_.stage_input_grad(p), stage - 1, tag);
+      r.in_flight.erase(m);  // its backward is done on this stage
+      break;
+    default: MOP_CHECK(false, "not a pipeline message: ", action_name(a.kind));
+  }
+}
+
 LossTerms StepSchedule::gradients(const std::function<Batch(int)>& micro_batch, float ce_scale,
                                   float aux_scale) {
   Run r;
+  // Pipeline stages: a bank per pass in flight (1F1B keeps consecutive micro-batches in flight).
+  const ProgramShape& s = program_.shape;
+  const int banks = s.pipelined() ? std::min(s.micro_batches, s.stages - s.stage) : 1;
   r.begin = [&](int m) {
-    return model_.begin(micro_batch(m), aux_scale, /*training=*/true, ce_scale, /*write_experts=*/m == 0);
+    return model_.begin(micro_batch(m), aux_scale, /*training=*/true, ce_scale, /*write_experts=*/m == 0,
+                        m % banks);
   };
   for (const Action& a : program_.gradients) run(a, r);
+  if (s.pipelined()) groups_.data(Axes{Axis::Pp}).join();  // the last sends read
   return r.losses;
 }
 
@@ -318,6 +374,8 @@ void StepSchedule::broadcast_weights() {
   if (pipeline_)
     for (int s = 0; s < num_segments(params_.layout().dims); ++s) pipeline_->weights_ready(s);
   for (int p = 0; p < params_.num_params(); ++p) {
+    // Pipeline stages: the stage that runs the parameter's segment (its replicas are of it).
+    if (!program_.shape.runs(param_segment(params_.layout(), p))) continue;
     const ParamSharding& s = spec.params[size_t(p)];
     groups_.data(s.replicas).broadcast(params_.weight(p), s.owner);
   }

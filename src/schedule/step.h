@@ -23,6 +23,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -83,8 +84,14 @@ class StepSchedule {
   struct Run {
     std::function<Transformer::Pass(int)> begin;  // micro-batch m's pass
     std::optional<Transformer::Pass> pass;
+    std::map<int, Transformer::Pass> in_flight;  // pipeline stages: the passes begun, by micro-batch
     LossTerms losses;
   };
+  // The pass of micro-batch m (pipeline stages: of those in flight).
+  const Transformer::Pass& pass_of(const Run& r, int m) const;
+  // Pipeline stages: a message of micro-batch m (its activation, or its gradient) to or from the
+  // neighbouring pipeline rank.
+  void message(const Action& a, Run& r);
   void run(const Action& a, Run& r);
   void reduce_segment(int segment);
   // Sliced parameters: gather group g's weights into their slot; sum its gradients over the

@@ -132,8 +132,20 @@ void Trainer::build() {
   const Machine machine = machine_ ? *machine_ : run_machine(cfg_, world_);
   cfg_ = planned_config(cfg_, machine, world_.size);
   plan_ = make_plan(cfg_, machine, world_.size);
-  MOP_USER_CHECK(plan_.pp == 1, "parallel.pp: ", plan_.pp, " pipeline stages: this version plans them (mop plan) "
-                 "but does not train them yet; set parallel.pp: 1");
+  if (plan_.pp > 1) {
+    // What the pipeline's executor runs so far: 1F1B stages of whole parameters with their state on
+    // the backend, without evaluation.
+    const std::string what = "parallel.pp: " + std::to_string(plan_.pp) + " pipeline stages ";
+    bool host = false;
+    for (bool h : plan_.segment_on_host) host = host || h;
+    MOP_USER_CHECK(plan_.run.device == Device::CPU, what, "train on CPU ranks only so far (their messages over "
+                   "NCCL have not run on GPUs yet); mop plan prices them for GPUs");
+    MOP_USER_CHECK(plan_.pp_chunks == 1, what, "train with parallel.pipeline.schedule: 1f1b only so far");
+    MOP_USER_CHECK(!plan_.parallel.sliced(), what, "train with parallel.shard: owner only so far");
+    MOP_USER_CHECK(!host, what, "train with the optimizer state on the ", device_name(plan_.run.device),
+                   " only so far (optim.state_placement: gpu)");
+    MOP_USER_CHECK(cfg_.train.eval_interval == 0, what, "do not evaluate yet; set train.eval_interval: 0");
+  }
 
   // 2. Backend, side streams and parallel groups (attention: cp × dp, MoE: ep × dp).
   auto timed = std::make_unique<TimedOps>(make_ops(plan_.run.device, world_.local_rank));
@@ -174,7 +186,7 @@ void Trainer::build() {
 
   // 5. Activations, as planned, allocated once.
   TransformerOptions topt;
-  topt.plan = plan_.activation_options;
+  topt.plan = plan_.stage_activation_options(world_.rank);  // pipeline stages: its segments, banks
   const Axes cp{Axis::Cp}, ep{Axis::Ep};
   topt.comms = {&groups_->data(cp),
                 groups_->side(CommKind::Ring, cp),
@@ -212,7 +224,7 @@ void Trainer::build() {
 
   // 6. Optimizer state where the plan put it; ZeRO owners from the plan.
   std::vector<bool> owned;
-  if (plan_.parallel.zero1())
+  if (plan_.parallel.zero1() || plan_.pp > 1)  // pipeline stages: the stage's parameters
     for (int p = 0; p < int(layout_.params.size()); ++p) owned.push_back(plan_.owns(world_.rank, p));
   optim_ = std::make_unique<Optimizer>(cfg_.optim, *params_, *ops_, plan_.state_on_host, owned);
   if (world_.size > 1) {  // each parameter's norm over the ranks whose pieces of it differ
@@ -329,9 +341,13 @@ void Trainer::check_plan_memory() {
       {"activations", {want.activations, got.activations}},
       {"host activations", {want.host_activations, got.host_activations}},
       {"batch", {want.batch, got.batch}}};
-  for (const auto& [what, v] : exact)
+  for (const auto& [what, v] : exact) {
+    // Pipeline stages: every rank's parameter store still holds the whole model's weights and
+    // gradients (the plan counts the stage's); the rest is the stage's.
+    if (plan_.pp > 1 && (std::string(what) == "weights" || std::string(what) == "gradients")) continue;
     MOP_CHECK(v.first == v.second, "the plan's ", what, " (", v.first, " bytes) differ from what the "
               "trainer allocated (", v.second, " bytes)");
+  }
   if (plan_.run.device == Device::CPU) MOP_CHECK(got.workspaces == 0, "CPU workspaces");
 }
 
@@ -435,7 +451,8 @@ Batch Trainer::micro_batch(int m) {
 
 Trainer::StepLosses Trainer::compute_gradients() {
   const int64_t valid = batches_->fill_step(consumed_samples_);
-  step_valid_tokens_ = int64_t(groups_->world_host().all_reduce_host(double(valid), Comm::Op::Sum));
+  // Over a stage's ranks: every pipeline stage reads the same batches.
+  step_valid_tokens_ = int64_t(groups_->host(kAttentionAxes).all_reduce_host(double(valid), Comm::Op::Sum));
   const float ce_scale = step_valid_tokens_ > 0 ? float(1.0 / double(step_valid_tokens_)) : 0.0f;
   if (step_valid_tokens_ == 0)
     spdlog::warn("step {}: every target of the step is masked; only the router losses train",
