@@ -49,6 +49,16 @@ namespace {
 // The search with parallel.pp as `base` gives it.
 SearchResult search_one_pipeline(const Config& base, const Machine& machine, int world);
 
+// Fastest first; of plans equally fast, the one that takes less memory (device, then host).
+void rank_fastest(std::vector<Candidate>& plans) {
+  std::stable_sort(plans.begin(), plans.end(), [](const Candidate& x, const Candidate& y) {
+    if (x.plan.time.step != y.plan.time.step) return x.plan.time.step < y.plan.time.step;
+    if (x.plan.memory.device_total() != y.plan.memory.device_total())
+      return x.plan.memory.device_total() < y.plan.memory.device_total();
+    return x.plan.memory.host_total() < y.plan.memory.host_total();
+  });
+}
+
 // A pipeline layout the search tries: stages, schedule, chunks per rank.
 struct PipeChoice {
   int64_t pp = 1;
@@ -95,26 +105,18 @@ SearchResult search_plans(const Config& base, const Machine& machine, int world,
     hold("parallel.moe.exchange_budget", [&] { c.parallel.moe.exchange_budget = 2; });
     hold("train.micro_batch_size", [&] { c.train.micro_batch_size = 1; });  // the most micro-batches
     SearchResult r = search_one_pipeline(c, machine, world);
-    for (Candidate& x : r.feasible) {
-      if (pipe.pp > 1)
-        x.settings = "pp " + std::to_string(pipe.pp) + (pipe.chunks > 1 ? " interleaved × 2" : "") + ", " + x.settings;
-      out.feasible.push_back(std::move(x));
-    }
-    for (Candidate& x : r.rejected) {
-      if (pipe.pp > 1)
-        x.settings = "pp " + std::to_string(pipe.pp) + (pipe.chunks > 1 ? " interleaved × 2" : "") + ", " + x.settings;
-      out.rejected.push_back(std::move(x));
-    }
+    const std::string label =
+        pipe.pp > 1 ? "pp " + std::to_string(pipe.pp) + (pipe.chunks > 1 ? " interleaved × 2" : "") + ", " : "";
+    for (auto [from, to] : {std::pair{&r.feasible, &out.feasible}, {&r.rejected, &out.rejected}})
+      for (Candidate& x : *from) {
+        x.settings = label + x.settings;
+        to->push_back(std::move(x));
+      }
     if (out.open_keys.size() == 1)
       for (const std::string& k : r.open_keys)
         if (k != "parallel.pp") out.open_keys.push_back(k);
   }
-  std::stable_sort(out.feasible.begin(), out.feasible.end(), [](const Candidate& x, const Candidate& y) {
-    if (x.plan.time.step != y.plan.time.step) return x.plan.time.step < y.plan.time.step;
-    if (x.plan.memory.device_total() != y.plan.memory.device_total())
-      return x.plan.memory.device_total() < y.plan.memory.device_total();
-    return x.plan.memory.host_total() < y.plan.memory.host_total();
-  });
+  rank_fastest(out.feasible);
   return out;
 }
 
@@ -276,13 +278,7 @@ SearchResult search_one_pipeline(const Config& base, const Machine& machine, int
     if (!seen.insert(key).second) continue;
     out.feasible.push_back(std::move(cand));
   }
-  // Fastest first; of plans equally fast, the one that takes less memory (device, then host).
-  std::stable_sort(out.feasible.begin(), out.feasible.end(), [](const Candidate& x, const Candidate& y) {
-    if (x.plan.time.step != y.plan.time.step) return x.plan.time.step < y.plan.time.step;
-    if (x.plan.memory.device_total() != y.plan.memory.device_total())
-      return x.plan.memory.device_total() < y.plan.memory.device_total();
-    return x.plan.memory.host_total() < y.plan.memory.host_total();
-  });
+  rank_fastest(out.feasible);
   return out;
 }
 
