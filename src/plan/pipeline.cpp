@@ -57,6 +57,63 @@ std::optional<StageSplit> split_stages(
   return split;
 }
 
+namespace {
+// What balance_ranks lowers, in order: the busiest rank's time, how many ranks are that busy (to a
+// relative 1e-9), the slowest virtual stage.
+struct RankLoad {
+  double busiest = 0, slowest = 0;
+  int at_busiest = 0;
+  bool operator<(const RankLoad& o) const {
+    const double eps = 1e-9 * std::max(busiest, o.busiest);
+    if (busiest < o.busiest - eps || busiest > o.busiest + eps) return busiest < o.busiest;
+    if (at_busiest != o.at_busiest) return at_busiest < o.at_busiest;
+    return slowest < o.slowest - 1e-9 * std::max(slowest, o.slowest);
+  }
+};
+
+RankLoad rank_load(const std::vector<double>& prefix, const StageSplit& split, int ranks) {
+  std::vector<double> rank(size_t(ranks), 0);
+  RankLoad load;
+  for (int v = 0; v < split.stages(); ++v) {
+    const double t = prefix[size_t(split.first[size_t(v + 1)])] - prefix[size_t(split.first[size_t(v)])];
+    rank[size_t(v % ranks)] += t, load.slowest = std::max(load.slowest, t);
+  }
+  load.busiest = *std::max_element(rank.begin(), rank.end());
+  for (double t : rank) load.at_busiest += t >= load.busiest * (1 - 1e-9);
+  return load;
+}
+}  // namespace
+
+StageSplit balance_ranks(const std::vector<double>& time, StageSplit split, int ranks) {
+  const int V = split.stages();
+  MOP_CHECK(ranks >= 1 && V % ranks == 0, "pipeline: ", V, " virtual stages over ", ranks, " ranks");
+  if (V == ranks) return split;  // one stage per rank: the split's own balance
+  std::vector<double> prefix(time.size() + 1, 0);
+  for (size_t s = 0; s < time.size(); ++s) prefix[s + 1] = prefix[s] + time[s];
+  RankLoad now = rank_load(prefix, split, ranks);
+  // Each round takes the best move: one segment from stage a to stage b, every boundary between
+  // them shifting by one (the stages in between keep their number of segments).
+  for (;;) {
+    StageSplit best = split;
+    RankLoad best_load = now;
+    for (int a = 0; a < V; ++a) {
+      if (split.first[size_t(a + 1)] - split.first[size_t(a)] < 2) continue;
+      for (int b = 0; b < V; ++b) {
+        if (b == a) continue;
+        StageSplit next = split;
+        if (a < b)
+          for (int i = a + 1; i <= b; ++i) --next.first[size_t(i)];
+        else
+          for (int i = b + 1; i <= a; ++i) ++next.first[size_t(i)];
+        const RankLoad load = rank_load(prefix, next, ranks);
+        if (load < best_load) best = std::move(next), best_load = load;
+      }
+    }
+    if (!(best_load < now)) return split;
+    split = std::move(best), now = best_load;
+  }
+}
+
 std::vector<PipePass> one_f_one_b(int rank, int ranks, int micro_batches) {
   MOP_CHECK(ranks >= 1 && rank >= 0 && rank < ranks && micro_batches >= 1, "1F1B: rank ", rank,
             " of ", ranks, ", ", micro_batches, " micro-batches");

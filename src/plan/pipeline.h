@@ -27,6 +27,13 @@ std::optional<StageSplit> split_stages(
     const std::vector<double>& time, int stages,
     const std::function<bool(int stage, int first, int end)>& fits);
 
+// With interleaving, rank r runs virtual stages r, r + ranks, r + 2·ranks, ...: its time is their
+// sum. Moves segments between `split`'s virtual stages (one at a time, passed along the stages in
+// between) while that lowers the busiest rank's time (then how many ranks are that busy, then the
+// slowest virtual stage); each stage keeps at least one segment. Never slower than `split`; for
+// equal segments the busiest rank holds ⌈segments / ranks⌉.
+StageSplit balance_ranks(const std::vector<double>& time, StageSplit split, int ranks);
+
 // One pass of a stage's rank: the forward or backward of micro-batch `micro_batch` through its
 // virtual stage `chunk` (0 .. chunks − 1: the rank's chunk c is virtual stage c · ranks + rank).
 struct PipePass {

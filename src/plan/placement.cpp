@@ -152,7 +152,7 @@ void place_saved(Plan& p, const ModelDims& local_dims) {
       trial.memory.host_optimizer_state -= size_t(from_state);
       trial.memory.host_staging -= size_t(std::min(saved - from_state, double(t.host_staging)));
     }
-    return plan_overflow(trial).empty();
+    return plan_fits(trial);
   };
   const int keep_hi = pin_keep >= 0 ? pin_keep : (can_keep ? L : 0), keep_lo = pin_keep >= 0 ? pin_keep : 0;
   const int host_lo = pin_host >= 0 ? pin_host : 0, host_hi = pin_host >= 0 ? pin_host : L;

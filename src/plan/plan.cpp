@@ -388,15 +388,42 @@ MemoryPlan Plan::memory_without(Technique t) const {
   return q.memory_of_rank(memory_rank);
 }
 
+namespace {
+// The memory a plan needs against what its machine has (plan_fits and plan_overflow).
+struct Need {
+  bool gpu;
+  int per_node;
+  double capacity, host_need, host_have;
+  bool device_over, host_over;
+  explicit Need(const Plan& p) {
+    const MemoryPlan& m = p.memory;
+    const Machine& mc = p.machine;
+    gpu = p.run.device != Device::CPU;
+    per_node = std::min(mc.gpus_per_node, p.world);
+    // A device keeps its reserve free (allocator slack, plans its libraries build lazily).
+    capacity = mc.device.memory_bytes - mc.device.reserve_bytes;
+    host_need = gpu ? double(m.host_total()) * per_node : double(m.device_total() + m.host_total()) * per_node;
+    host_have = gpu ? mc.host.memory_bytes * mc.host.pinned_fraction : mc.host.memory_bytes;
+    device_over = gpu && double(m.device_total()) > capacity;
+    host_over = host_need > host_have;
+  }
+};
+}  // namespace
+
+bool plan_fits(const Plan& p) {
+  const Need n(p);
+  return !n.device_over && !n.host_over;
+}
+
 std::string plan_overflow(const Plan& p, std::string* what) {
   const MemoryPlan& m = p.memory;
   const Machine& mc = p.machine;
   auto fmt = [](double b) { return format_bytes(b); };
-  const bool gpu = p.run.device != Device::CPU;
-  const int per_node = std::min(mc.gpus_per_node, p.world);
-  // A device keeps its reserve free (allocator slack, plans its libraries build lazily).
-  const double capacity = mc.device.memory_bytes - mc.device.reserve_bytes;
-  if (gpu && double(m.device_total()) > capacity) {
+  const Need n(p);
+  const bool gpu = n.gpu;
+  const int per_node = n.per_node;
+  const double capacity = n.capacity;
+  if (n.device_over) {
     // Name the class that dominates and what shrinks it.
     struct Part {
       const char* what;
@@ -435,10 +462,8 @@ std::string plan_overflow(const Plan& p, std::string* what) {
            fmt(double(m.optimizer_state + m.host_grad_staging)) + ", workspaces " + fmt(double(m.workspaces)) +
            ". The largest is the " + big->what + "; to fit, " + big->fix;
   }
-  const double host_need = gpu ? double(m.host_total()) * per_node
-                               : double(m.device_total() + m.host_total()) * per_node;
-  const double host_have = gpu ? mc.host.memory_bytes * mc.host.pinned_fraction : mc.host.memory_bytes;
-  if (host_need > host_have) {
+  const double host_need = n.host_need, host_have = n.host_have;
+  if (n.host_over) {
     if (what) *what = "host memory";
     return "the plan needs " + fmt(host_need) + " of host memory per node (" + std::to_string(per_node) +
            " rank(s) × " + fmt(host_need / per_node) +
@@ -455,8 +480,9 @@ std::string plan_overflow(const Plan& p, std::string* what) {
 
 namespace {
 
-// make_plan with the gradients of host-updated segments streamed (`stream`) or not.
-Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream) {
+// make_plan with the gradients of host-updated segments streamed (`stream`) or not; time_unfit:
+// false leaves a plan that does not fit untimed.
+Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream, bool time_unfit) {
   validate_parallel(cfg, world);
   Plan p;
   p.cfg = cfg;
@@ -518,18 +544,20 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
     // Pipeline stages: consecutive segments, the slowest stage as fast as can be (by the time of a
     // micro-batch's forward and backward through each segment; the earlier stages, which hold the
     // most passes in flight, the shorter where that ties).
+    const std::vector<double> seconds = segment_seconds(p);
     const std::optional<StageSplit> split =
-        split_stages(segment_seconds(p), p.pp * p.pp_chunks, [](int, int, int) { return true; });
+        split_stages(seconds, p.pp * p.pp_chunks, [](int, int, int) { return true; });
     MOP_USER_CHECK(split.has_value(), "parallel.pp: ", p.pp, " × ", p.pp_chunks, " virtual stages do not split the ",
                    num_segments(p.dims), " segments");
-    p.split = *split;
+    // Interleaved: a rank's time is the sum of its virtual stages.
+    p.split = balance_ranks(seconds, *split, p.pp);
     std::string stages;
     for (int v = 0; v < p.split.stages(); ++v)
       stages += (v ? ", " : "") + std::to_string(p.split.first[size_t(v + 1)] - p.split.first[size_t(v)]);
     p.notes.push_back("pipeline: pp " + std::to_string(p.pp) + ", " + p.pp_schedule +
                       (p.pp_chunks > 1 ? " over " + std::to_string(p.pp_chunks) + " chunks per rank" : std::string()) +
                       ", " + std::to_string(p.micro_batches) + " micro-batches per step; segments per virtual stage " +
-                      stages + " (balanced by their time); mop train runs them on CPU ranks so far (1f1b, "
+                      stages + (p.pp_chunks > 1 ? " (balanced by their time over each rank's chunks)" : " (balanced by their time)") + "; mop train runs them on CPU ranks so far (1f1b, "
                       "owner, state with the backend): on GPUs this is the plan's estimate");
   }
   if (p.pp == 1) place_saved(p, local_dims);  // a pipeline stage keeps no attention, saves none on the host
@@ -646,13 +674,13 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
     MemoryPlan m = p.memory_of_rank(r);
     if (m.device_total() > p.memory.device_total()) p.memory = m, p.memory_rank = r;
   }
-  p.time = predict_step_time(p);
+  if (time_unfit || plan_fits(p)) p.time = predict_step_time(p);
   return p;
 }
 
 }  // namespace
 
-Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_fit) {
+Plan make_plan(const Config& cfg, const Machine& machine, int world, Fit fit) {
   const std::string& g = cfg.optim.gradients;
   MOP_USER_CHECK(g != "host" || cfg.optim.state_placement != "gpu",
                  "optim.gradients: host streams the gradients of the segments whose optimizer state is on "
@@ -660,14 +688,15 @@ Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_
                  "optim.gradients: auto or gpu, or optim.state_placement: auto or host");
   MOP_USER_CHECK(g != "host" || cfg.parallel.pp == 1, "optim.gradients: host with parallel.pp ", cfg.parallel.pp,
                  ": pipeline stages keep whole gradients; use optim.gradients: auto or gpu");
-  Plan p = plan_with(cfg, machine, world, g == "host");
+  const bool time_unfit = fit != Fit::Time || g == "auto";
+  Plan p = plan_with(cfg, machine, world, g == "host", time_unfit);
   if (g == "auto" && p.host_params > 0 && p.run.device != Device::CPU) {
     // Streamed when only that fits, or when it is not slower.
-    Plan s = plan_with(cfg, machine, world, true);
-    const bool fits = plan_overflow(p).empty(), fits_s = plan_overflow(s).empty();
+    Plan s = plan_with(cfg, machine, world, true, time_unfit);
+    const bool fits = plan_fits(p), fits_s = plan_fits(s);
     if (s.stream_grads && ((fits_s && !fits) || (fits_s == fits && s.time.step <= p.time.step))) p = std::move(s);
   }
-  if (check_fit) {
+  if (fit == Fit::Check) {
     const std::string overflow = plan_overflow(p);
     MOP_USER_CHECK(overflow.empty(), overflow);
   }

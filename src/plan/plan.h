@@ -139,8 +139,16 @@ struct Plan {
 
 // Plans cfg (its parallel foldings validated against `world`) for `machine`. A plan that does
 // not fit — device or host memory — is a UserError naming the tensor class, the sizes and the
-// settings to change. check_fit: false leaves that to the caller (plan search).
-Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_fit = true);
+// settings to change. check_fit: false leaves that to the caller (plan search). Fit::Time: as
+// check_fit false, and a plan that does not fit is not timed (its `time` stays zero) unless its
+// gradients are `auto` (whose choice compares the times).
+enum class Fit { Check, Leave, Time };
+Plan make_plan(const Config& cfg, const Machine& machine, int world, Fit fit);
+inline Plan make_plan(const Config& cfg, const Machine& machine, int world, bool check_fit = true) {
+  return make_plan(cfg, machine, world, check_fit ? Fit::Check : Fit::Leave);
+}
+// Whether the plan fits its machine's device and host memory (plan_overflow is "").
+bool plan_fits(const Plan& p);
 // Why the plan does not fit ("" when it does); `what` gets the memory and its largest class,
 // e.g. "cuda memory: activations", or "host memory".
 std::string plan_overflow(const Plan& plan, std::string* what = nullptr);

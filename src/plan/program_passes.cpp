@@ -19,7 +19,10 @@ Action whole(ActionKind k, int micro_batch, StreamKind stream = StreamKind::Comp
 }  // namespace
 
 std::vector<Action> ProgramDraft::flatten() const {
+  size_t n = 0;
+  for (const Anchor& a : anchors) n += 1 + a.before.size() + a.after.size();
   std::vector<Action> out;
+  out.reserve(n);
   for (const Anchor& a : anchors) {
     out.insert(out.end(), a.before.begin(), a.before.end());
     out.push_back(a.action);

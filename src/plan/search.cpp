@@ -46,8 +46,22 @@ void erase_key(std::string& text, const std::string& key) {
 
 namespace {
 
-// The search with parallel.pp as `base` gives it.
-SearchResult search_one_pipeline(const Config& base, const Machine& machine, int world);
+// The candidates of the search with parallel.pp as `base` gives it, not yet planned: `out` gets
+// the open keys (and, where the foldings cannot multiply to the ranks, the one rejected candidate
+// that says so).
+std::vector<Candidate> candidates(const Config& base, const Machine& machine, int world, SearchResult& out);
+// Plans every candidate, on every core (each plan a pure function of its config).
+void plan_candidates(std::vector<Candidate>& todo, const Machine& machine, int world);
+// The planned candidates into `out`: rejected, or feasible (once per distinct plan), fastest first.
+void collect(std::vector<Candidate>& todo, SearchResult& out);
+
+SearchResult search_one_pipeline(const Config& base, const Machine& machine, int world) {
+  SearchResult out;
+  std::vector<Candidate> todo = candidates(base, machine, world, out);
+  plan_candidates(todo, machine, world);
+  collect(todo, out);
+  return out;
+}
 
 // Fastest first; of plans equally fast, the one that takes less memory (device, then host).
 void rank_fastest(std::vector<Candidate>& plans) {
@@ -85,7 +99,14 @@ SearchResult search_plans(const Config& base, const Machine& machine, int world,
   const bool open_pp = pipelines && !base.is_pinned("parallel.pp");
   if (!open_pp) return search_one_pipeline(base, machine, world);
   out.open_keys.push_back("parallel.pp");
-  for (const PipeChoice& pipe : pipe_choices(base, machine, world, open_pp)) {
+  // Every pipeline's candidates planned together (one pool keeps every core busy), then taken
+  // pipeline by pipeline in order.
+  const std::vector<PipeChoice> pipes = pipe_choices(base, machine, world, open_pp);
+  std::vector<SearchResult> results(pipes.size());
+  std::vector<Candidate> all;
+  std::vector<size_t> begin;
+  for (size_t i = 0; i < pipes.size(); ++i) {
+    const PipeChoice& pipe = pipes[i];
     Config c = base;
     c.parallel.pp = pipe.pp, c.parallel.pipeline.schedule = pipe.schedule;
     c.parallel.pipeline.virtual_stages = pipe.chunks;
@@ -104,7 +125,17 @@ SearchResult search_plans(const Config& base, const Machine& machine, int world,
     hold("parallel.moe.chunks", [&] { c.parallel.moe.chunks = 4; });
     hold("parallel.moe.exchange_budget", [&] { c.parallel.moe.exchange_budget = 2; });
     hold("train.micro_batch_size", [&] { c.train.micro_batch_size = 1; });  // the most micro-batches
-    SearchResult r = search_one_pipeline(c, machine, world);
+    begin.push_back(all.size());
+    for (Candidate& x : candidates(c, machine, world, results[i])) all.push_back(std::move(x));
+  }
+  begin.push_back(all.size());
+  plan_candidates(all, machine, world);
+  for (size_t i = 0; i < pipes.size(); ++i) {
+    const PipeChoice& pipe = pipes[i];
+    SearchResult& r = results[i];
+    std::vector<Candidate> todo(std::make_move_iterator(all.begin() + long(begin[i])),
+                                std::make_move_iterator(all.begin() + long(begin[i + 1])));
+    collect(todo, r);
     const std::string label =
         pipe.pp > 1 ? "pp " + std::to_string(pipe.pp) + (pipe.chunks > 1 ? " interleaved × 2" : "") + ", " : "";
     for (auto [from, to] : {std::pair{&r.feasible, &out.feasible}, {&r.rejected, &out.rejected}})
@@ -122,8 +153,7 @@ SearchResult search_plans(const Config& base, const Machine& machine, int world,
 
 namespace {
 
-SearchResult search_one_pipeline(const Config& base, const Machine& machine, int world) {
-  SearchResult out;
+std::vector<Candidate> candidates(const Config& base, const Machine& machine, int world, SearchResult& out) {
   auto open = [&](const char* key) {
     const bool o = !base.is_pinned(key);
     if (o) out.open_keys.push_back(key);
@@ -168,9 +198,8 @@ SearchResult search_one_pipeline(const Config& base, const Machine& machine, int
             ") must multiply to the " + std::to_string(stage) + " ranks" +
             (stage < world ? " of a pipeline stage" : "");
     out.rejected.push_back(c);
-    return out;
+    return {};
   }
-  std::set<std::string> seen;  // plans that came out the same (auto placement = gpu, …)
   std::vector<Candidate> todo;  // every candidate, in the search's order
   // Sliced parameters keep no owners: ZeRO is not a choice beside them.
   struct Sharding {
@@ -237,15 +266,19 @@ SearchResult search_one_pipeline(const Config& base, const Machine& machine, int
                       todo.push_back(std::move(cand));
                     }
               }
-  // Planned on every core (each plan a pure function of its config), then taken in order.
+  return todo;
+}
+
+void plan_candidates(std::vector<Candidate>& todo, const Machine& machine, int world) {
   std::vector<std::exception_ptr> failed(todo.size());  // an internal error, raised here below
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < todo.size();) {
       Candidate& cand = todo[i];
       try {
-        cand.plan = make_plan(cand.cfg, machine, world, /*check_fit=*/false);
+        cand.plan = make_plan(cand.cfg, machine, world, Fit::Time);
         cand.why = plan_overflow(cand.plan, &cand.group);
+        if (!cand.why.empty()) cand.plan = Plan{};  // a rejected plan is its reason (search.h)
       } catch (const UserError& err) {
         cand.why = err.what();
         cand.group = "invalid settings";
@@ -263,6 +296,10 @@ SearchResult search_one_pipeline(const Config& base, const Machine& machine, int
   }
   for (const std::exception_ptr& e : failed)
     if (e) std::rethrow_exception(e);
+}
+
+void collect(std::vector<Candidate>& todo, SearchResult& out) {
+  std::set<std::string> seen;  // plans that came out the same (auto placement = gpu, …)
   for (Candidate& cand : todo) {
     if (!cand.why.empty()) {
       out.rejected.push_back(std::move(cand));
@@ -279,7 +316,6 @@ SearchResult search_one_pipeline(const Config& base, const Machine& machine, int
     out.feasible.push_back(std::move(cand));
   }
   rank_fastest(out.feasible);
-  return out;
 }
 
 }  // namespace

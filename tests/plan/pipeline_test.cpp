@@ -96,6 +96,47 @@ TEST_CASE("pipeline: the stage split is the best of every split", "[cpu][plan]")
   }
 }
 
+// The busiest rank's time when rank r runs virtual stages r, r + ranks, ...
+double busiest(const std::vector<double>& time, const StageSplit& split, int ranks) {
+  std::vector<double> rank(size_t(ranks), 0);
+  for (int i = 0; i < split.stages(); ++i)
+    for (int s = split.first[size_t(i)]; s < split.first[size_t(i + 1)]; ++s)
+      rank[size_t(i % ranks)] += time[size_t(s)];
+  return *std::max_element(rank.begin(), rank.end());
+}
+
+TEST_CASE("pipeline: interleaved stages balance each rank's chunks together", "[cpu][plan]") {
+  const auto any = [](int, int, int) { return true; };
+  // moe-1t's 106 segments (embedding, 104 layers, LM head) in equal times: the virtual stages'
+  // best split puts 5 + 5 on a rank; balanced per rank, none holds more than ⌈106 / 12⌉ = 9.
+  for (int chunks : {2, 3, 4}) {
+    INFO("chunks " << chunks);
+    const std::vector<double> t(106, 1.0);
+    const StageSplit v = *split_stages(t, 12 * chunks, any);
+    const StageSplit b = balance_ranks(t, v, 12);
+    CHECK(busiest(t, b, 12) == 9);
+    CHECK(busiest(t, v, 12) >= busiest(t, b, 12));
+  }
+  CHECK(busiest(std::vector<double>(106, 1.0), *split_stages(std::vector<double>(106, 1.0), 24, any), 12) == 10);
+  // Random times: never busier than the split it starts from, every stage one segment or more,
+  // and with one stage per rank the split itself.
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    const int P = 1 + int(philox_u64(seed, 1, 0) % 4), chunks = 1 + int(philox_u64(seed, 2, 0) % 3);
+    const int S = P * chunks + int(philox_u64(seed, 3, 0) % 12);
+    std::vector<double> t;
+    for (int s = 0; s < S; ++s) t.push_back(double(1 + philox_u64(seed, 4, uint64_t(s)) % 9));
+    INFO("seed " << seed << " segments " << S << " ranks " << P << " chunks " << chunks);
+    const StageSplit v = *split_stages(t, P * chunks, any);
+    const StageSplit b = balance_ranks(t, v, P);
+    CHECK(busiest(t, b, P) <= busiest(t, v, P));
+    REQUIRE(b.stages() == P * chunks);
+    CHECK(b.first.front() == 0);
+    CHECK(b.first.back() == S);
+    for (int i = 0; i < b.stages(); ++i) CHECK(b.first[size_t(i + 1)] > b.first[size_t(i)]);
+    if (chunks == 1) CHECK(b.first == v.first);
+  }
+}
+
 TEST_CASE("pipeline: 1F1B and interleaved run each pass once, in order, a bounded number in flight",
           "[cpu][plan]") {
   for (int P : {1, 2, 3, 4})
