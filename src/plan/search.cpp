@@ -80,6 +80,15 @@ struct PipeChoice {
   int64_t chunks = 1;
 };
 
+// "pp 12 interleaved × 2, " before a pipelined candidate's settings.
+std::string pipe_label(int64_t pp, int64_t chunks) {
+  return pp > 1 ? "pp " + std::to_string(pp) + (chunks > 1 ? " interleaved × " + std::to_string(chunks) : "") + ", "
+                : "";
+}
+
+// The fastest interleaved plans that the search tries again over more chunks per rank.
+constexpr size_t kDeeperPlans = 4;
+
 std::vector<PipeChoice> pipe_choices(const Config& base, const Machine& machine, int world, bool open) {
   if (!open) return {{base.parallel.pp, base.parallel.pipeline.schedule, base.parallel.pipeline.virtual_stages}};
   std::vector<PipeChoice> out = {{1, "1f1b", 1}};
@@ -136,8 +145,7 @@ SearchResult search_plans(const Config& base, const Machine& machine, int world,
     std::vector<Candidate> todo(std::make_move_iterator(all.begin() + long(begin[i])),
                                 std::make_move_iterator(all.begin() + long(begin[i + 1])));
     collect(todo, r);
-    const std::string label =
-        pipe.pp > 1 ? "pp " + std::to_string(pipe.pp) + (pipe.chunks > 1 ? " interleaved × 2" : "") + ", " : "";
+    const std::string label = pipe_label(pipe.pp, pipe.chunks);
     for (auto [from, to] : {std::pair{&r.feasible, &out.feasible}, {&r.rejected, &out.rejected}})
       for (Candidate& x : *from) {
         x.settings = label + x.settings;
@@ -147,6 +155,30 @@ SearchResult search_plans(const Config& base, const Machine& machine, int world,
       for (const std::string& k : r.open_keys)
         if (k != "parallel.pp") out.open_keys.push_back(k);
   }
+  rank_fastest(out.feasible);
+  // Deeper interleaving, for the fastest interleaved plans only (each chunk count more would
+  // double the search): the same settings over 3 and 4 chunks per rank.
+  std::vector<Candidate> deeper;
+  const int64_t segments = base.model.num_layers + 2;
+  for (const Candidate& x : out.feasible) {
+    const auto& pl = x.cfg.parallel;
+    if (pl.pipeline.schedule != "interleaved" || pl.pipeline.virtual_stages != 2) continue;
+    const std::string settings = x.settings.substr(pipe_label(pl.pp, 2).size());
+    for (int64_t chunks : {3, 4}) {
+      if (pl.pp * chunks > segments) continue;
+      Candidate d;
+      d.cfg = x.cfg;
+      d.cfg.parallel.pipeline.virtual_stages = chunks;
+      d.settings = pipe_label(pl.pp, chunks) + settings;
+      deeper.push_back(std::move(d));
+    }
+    if (deeper.size() >= 2 * kDeeperPlans) break;
+  }
+  plan_candidates(deeper, machine, world);
+  SearchResult r;
+  collect(deeper, r);
+  for (auto [from, to] : {std::pair{&r.feasible, &out.feasible}, {&r.rejected, &out.rejected}})
+    for (Candidate& x : *from) to->push_back(std::move(x));
   rank_fastest(out.feasible);
   return out;
 }

@@ -7,8 +7,8 @@
 // stage) and mop train refuses it.
 #include <algorithm>
 #include <map>
-#include <tuple>
 #include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -250,4 +250,19 @@ TEST_CASE("pipeline search: mop plan --search tries stages; the layouts mop trai
   for (const Candidate& c : without.feasible) CHECK(c.plan.pp == 1);
   CHECK(std::find(with.open_keys.begin(), with.open_keys.end(), "parallel.pp") != with.open_keys.end());
   CHECK(std::find(without.open_keys.begin(), without.open_keys.end(), "parallel.pp") == without.open_keys.end());
+  // The fastest interleaved plans are tried again over 3 and 4 chunks per rank (10 segments: pp 2
+  // takes up to 5), with the same settings otherwise.
+  cfg = load_config(std::string(MOP_SOURCE_DIR) + "/configs/tiny.yaml",
+                    {"model.tie_embeddings=false", "model.num_layers=8", "train.global_batch_size=8",
+                     "train.micro_batch_size=1"});
+  const SearchResult deeper = search_plans(cfg, builtin_machine("cpu"), 2, /*pipelines=*/true);
+  std::set<int64_t> chunks;
+  for (const Candidate& c : deeper.feasible) {
+    if (c.cfg.parallel.pipeline.schedule != "interleaved") continue;
+    const int64_t v = c.cfg.parallel.pipeline.virtual_stages;
+    chunks.insert(v);
+    CHECK(c.plan.pp_chunks == v);
+    CHECK(c.settings.rfind("pp 2 interleaved × " + std::to_string(v) + ", ", 0) == 0);
+  }
+  CHECK(chunks == std::set<int64_t>{2, 3, 4});
 }
