@@ -98,8 +98,12 @@ void Optimizer::init_weights(uint64_t seed) {
       host.assign(size_t(k * params_.slice_count(p)), 0.0f);
       init_param(layout, p, host.data(), seed);
       Tensor src(host.data() + k * params_.slice_index(p), DType::F32, {k});
-      ops_.copy(master(p), src);
-      ops_.copy(params_.slice_weight(p), master(p));
+      if (owns(p)) {
+        ops_.copy(master(p), src);
+        ops_.copy(params_.slice_weight(p), master(p));
+      } else {  // another pipeline stage's
+        ops_.copy(params_.slice_weight(p), src);
+      }
       continue;
     }
     host.resize(size_t(layout.params[p].numel()));

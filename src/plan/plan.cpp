@@ -300,6 +300,7 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
     (on_host ? host : native) += state;
     if (!on_host) continue;
     if (gpu && (sliced || grads_in_flight(int(q)))) streamed += state;
+    else if (sliced) staged += k, staged_cpu += parallel.slice_numel(int(q), n);  // (pipeline stages)
     else staged += (n + 63) / 64 * 64, staged_cpu += n;
   }
   // The segments in flight at a time: one per shared slot of the step (model/params.h: what the
@@ -557,8 +558,8 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
     p.notes.push_back("pipeline: pp " + std::to_string(p.pp) + ", " + p.pp_schedule +
                       (p.pp_chunks > 1 ? " over " + std::to_string(p.pp_chunks) + " chunks per rank" : std::string()) +
                       ", " + std::to_string(p.micro_batches) + " micro-batches per step; segments per virtual stage " +
-                      stages + (p.pp_chunks > 1 ? " (balanced by their time over each rank's chunks)" : " (balanced by their time)") + "; mop train runs them on CPU ranks so far (1f1b, "
-                      "owner, state with the backend): on GPUs this is the plan's estimate");
+                      stages + (p.pp_chunks > 1 ? " (balanced by their time over each rank's chunks)" : " (balanced by their time)") + "; mop train runs them on CPU ranks so far (1f1b): "
+                      "on GPUs this is the plan's estimate");
   }
   if (p.pp == 1) place_saved(p, local_dims);  // a pipeline stage keeps no attention, saves none on the host
   p.activations = plan_activations(local_dims, ao);

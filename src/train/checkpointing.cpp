@@ -203,10 +203,10 @@ std::string save_checkpoint(const Config& cfg, const ParamStore& params, const O
   }
   world.comm->barrier();
   const ModelLayout& layout = params.layout();
-  // Sliced parameters: the replica with slice 0 writes the whole tensor.
+  // Sliced parameters: the replica with slice 0 writes the whole tensor (of its pipeline stage's).
   auto mine = [&](const HfView& v) {
     const int p = v.param;
-    return params.sliced() && params.slice_count(p) > 1 ? params.slice_index(p) == 0 : optim.owns(p);
+    return optim.owns(p) && (!(params.sliced() && params.slice_count(p) > 1) || params.slice_index(p) == 0);
   };
   bool writer = false;
   for (const HfView& v : layout.hf_views()) writer = writer || mine(v);

@@ -133,17 +133,12 @@ void Trainer::build() {
   cfg_ = planned_config(cfg_, machine, world_.size);
   plan_ = make_plan(cfg_, machine, world_.size);
   if (plan_.pp > 1) {
-    // What the pipeline's executor runs so far: 1F1B stages of whole parameters with their state on
-    // the backend, without evaluation.
+    // What the pipeline's executor runs so far: 1F1B stages on CPU ranks (whole or sliced
+    // parameters, the state with the backend or in host memory), without evaluation.
     const std::string what = "parallel.pp: " + std::to_string(plan_.pp) + " pipeline stages ";
-    bool host = false;
-    for (bool h : plan_.segment_on_host) host = host || h;
     MOP_USER_CHECK(plan_.run.device == Device::CPU, what, "train on CPU ranks only so far (their messages over "
                    "NCCL have not run on GPUs yet); mop plan prices them for GPUs");
     MOP_USER_CHECK(plan_.pp_chunks == 1, what, "train with parallel.pipeline.schedule: 1f1b only so far");
-    MOP_USER_CHECK(!plan_.parallel.sliced(), what, "train with parallel.shard: owner only so far");
-    MOP_USER_CHECK(!host, what, "train with the optimizer state on the ", device_name(plan_.run.device),
-                   " only so far (optim.state_placement: gpu)");
     MOP_USER_CHECK(cfg_.train.eval_interval == 0, what, "do not evaluate yet; set train.eval_interval: 0");
   }
 

@@ -25,6 +25,7 @@ const int kSteps = 20;
 
 struct Layout {
   int pp = 1, dp = 1, ep = 1, edp = 1, micro_batches = 4;
+  std::string shard = "owner", state = "auto";
   int ranks() const { return pp * dp; }
 };
 
@@ -32,11 +33,11 @@ std::string config(const std::string& corpus, const std::string& dir, const Layo
   const int micro = 2;
   return test::compare_model_yaml(false, corpus) +
          "optim: {lr: 0.01, schedule: constant, warmup_steps: 0, grad_clip: " + std::to_string(kClip) +
-         ", state_placement: auto}\n"
+         ", state_placement: " + l.state + "}\n"
          "train: {steps: " + std::to_string(steps) +
          ", global_batch_size: " + std::to_string(micro * l.dp * l.micro_batches) +
          ", micro_batch_size: " + std::to_string(micro) + ", eval_interval: 0, device: cpu}\n"
-         "parallel: {pp: " + std::to_string(l.pp) + ", shard: owner, attention: {cp: 1, dp: " +
+         "parallel: {pp: " + std::to_string(l.pp) + ", shard: " + l.shard + ", attention: {cp: 1, dp: " +
          std::to_string(l.dp) + "}, moe: {ep: " + std::to_string(l.ep) + ", dp: " + std::to_string(l.edp) + "}}\n"
          "checkpoint: {dir: " + dir + ", interval: 0, keep_last: 0, resume: auto}\n"
          "log: {interval: 1}\n";
@@ -65,11 +66,17 @@ TEST_CASE("pipeline stages train as the same model without them, bit for bit", "
       {{1, 1, 1, 1, 4}, {2, 1, 1, 1, 4}},  // two stages, four micro-batches in flight over them
       {{1, 1, 1, 1, 3}, {4, 1, 1, 1, 3}},  // four stages (a layer, the embedding, the head alone)
       {{1, 2, 2, 1, 2}, {2, 2, 2, 1, 2}},  // data and expert parallelism inside each stage
+      // Sliced parameters: the dense ones over dp 2, the experts over their dp 2 (ep 1).
+      {{1, 2, 1, 2, 2, "slice"}, {2, 2, 1, 2, 2, "slice"}},
+      {{1, 2, 2, 1, 1, "slice"}, {2, 2, 2, 1, 1, "slice"}},  // one micro-batch: gradients pooled
+      // The optimizer state in host memory (the host pipeline's update), whole and sliced.
+      {{1, 1, 1, 1, 3, "owner", "host"}, {2, 1, 1, 1, 3, "owner", "host"}},
+      {{1, 2, 1, 2, 2, "slice", "host"}, {2, 2, 1, 2, 2, "slice", "host"}},
   };
   int i = 0;
   for (const Case& c : cases) {
     INFO("pp " << c.piped.pp << " dp " << c.piped.dp << " ep " << c.piped.ep << " micro-batches "
-               << c.piped.micro_batches);
+               << c.piped.micro_batches << " " << c.piped.shard << " state " << c.piped.state);
     const std::string root = dir / ("run" + std::to_string(i++));
     train(corpus, root + "/plain", c.plain);
     train(corpus, root + "/piped", c.piped);
