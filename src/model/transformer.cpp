@@ -290,9 +290,9 @@ void Transformer::moe_fwd(int l, const Acts& a, int64_t T, Tensor x_out, Tensor 
   float layer_w = aux_scale / float(d_.num_moe_layers());
   ops_.moe_aux_loss(losses, dev(a.aux_grad), probs, rlse, loss_counts, int(K),
                     float(d_.aux_coef) * layer_w / float(cp_ * cp_), float(d_.z_coef) * layer_w / float(cp_));
-  // Counting: the tokens once a pass (at the first MoE layer), the rows per expert from the
+  // Counting: the tokens once a pass (at the model's first MoE layer), the rows per expert from the
   // offsets the experts need on the host anyway (whole, or chunk by chunk).
-  if (count && l == std::max<int64_t>(d_.first_dense, plan_.first_layer)) routed_tokens_ += T;
+  if (count && l == d_.first_dense) routed_tokens_ += T;  // (the stage that runs it)
   if (!experts) return;
   if (!chunked) {
     if (count) count_routed(l, offsets_host);

@@ -143,7 +143,8 @@ class Transformer {
   // construction: a pass's forward counts once — neither a recomputing layer's forward nor a pass
   // without training (evaluation, score, generate) counts. From the group sizes the forward
   // brings to the host anyway (the router's offsets), so counting costs E additions per MoE layer.
-  // A stage counts its own layers, and routed_tokens() once a pass at its first MoE layer.
+  // A stage counts its own layers; routed_tokens() is counted at the model's first MoE layer, by
+  // the stage that runs it (so a pipeline's sum over its ranks counts each token once).
   const std::vector<int64_t>& routed_counts() const { return routed_counts_; }
   int64_t routed_tokens() const { return routed_tokens_; }
 

@@ -110,14 +110,13 @@ bool Plan::owns(int rank, int p) const {
   return parallel.owns(rank, p) && (pp == 1 || runs_segment(rank, param_segment(local_layout(), p)));
 }
 
-ActivationOptions Plan::stage_activation_options(int rank) const {
-  ActivationOptions o = activation_options;
-  if (pp == 1) return o;
-  MOP_CHECK(pp_chunks == 1, "one model chunk per pipeline rank");
-  const int stage = stage_of(rank);
-  o.first_segment = split.first[size_t(stage)], o.end_segment = split.first[size_t(stage + 1)];
-  o.passes_in_flight = std::min(micro_batches, pp - stage);  // 1F1B's warm-up and the pass after it
-  return o;
+namespace {
+ActivationOptions chunk_options(const Plan& p, int stage, int c, const ActivationOptions& o);
+}  // namespace
+
+ActivationOptions Plan::stage_activation_options(int rank, int chunk) const {
+  if (pp == 1) return activation_options;
+  return chunk_options(*this, stage_of(rank), chunk, activation_options);
 }
 
 int64_t Plan::state_numel(int rank, int q, int64_t numel) const {
@@ -228,27 +227,28 @@ int64_t attention_tile(const Plan& p) {
 // Pipeline stages: each pipeline rank's chunks, each planned as the model lays it out — its
 // segments, a bank per pass of the chunk the schedule has begun and not yet finished backward
 // (1F1B: up to pp − stage; the interleaved schedule more).
+// Pipeline rank `stage`'s model chunk c: its virtual stage's segments and a bank for each of its
+// passes the schedule keeps in flight at most.
+ActivationOptions chunk_options(const Plan& p, int stage, int c, const ActivationOptions& o) {
+  MOP_CHECK(stage >= 0 && stage < p.pp && c >= 0 && c < p.pp_chunks, "pipeline rank ", stage, " chunk ", c);
+  const std::vector<PipePass> passes = p.pp_schedule == "interleaved"
+                                           ? interleaved(stage, p.pp, p.micro_batches, p.pp_chunks)
+                                           : one_f_one_b(stage, p.pp, p.micro_batches);
+  int open = 0, most = 1;
+  for (const PipePass& x : passes)
+    if (x.chunk == c) open += x.forward ? 1 : -1, most = std::max(most, open);
+  const int v = c * p.pp + stage;
+  ActivationOptions chunk = o;
+  chunk.first_segment = p.split.first[size_t(v)], chunk.end_segment = p.split.first[size_t(v + 1)];
+  chunk.passes_in_flight = most;
+  return chunk;
+}
+
 std::vector<std::vector<ActivationLayout>> plan_stage_activations(const Plan& p, const ModelDims& dims,
                                                                   const ActivationOptions& o) {
   std::vector<std::vector<ActivationLayout>> out(size_t(p.pp));
-  for (int stage = 0; stage < p.pp; ++stage) {
-    const std::vector<PipePass> passes = p.pp_schedule == "interleaved"
-                                             ? interleaved(stage, p.pp, p.micro_batches, p.pp_chunks)
-                                             : one_f_one_b(stage, p.pp, p.micro_batches);
-    std::vector<int> open(size_t(p.pp_chunks), 0), most(size_t(p.pp_chunks), 1);
-    for (const PipePass& x : passes) {
-      int& n = open[size_t(x.chunk)];
-      n += x.forward ? 1 : -1;
-      most[size_t(x.chunk)] = std::max(most[size_t(x.chunk)], n);
-    }
-    for (int c = 0; c < p.pp_chunks; ++c) {
-      const int v = c * p.pp + stage;
-      ActivationOptions chunk = o;
-      chunk.first_segment = p.split.first[size_t(v)], chunk.end_segment = p.split.first[size_t(v + 1)];
-      chunk.passes_in_flight = most[size_t(c)];
-      out[size_t(stage)].push_back(plan_activations(dims, chunk));
-    }
-  }
+  for (int stage = 0; stage < p.pp; ++stage)
+    for (int c = 0; c < p.pp_chunks; ++c) out[size_t(stage)].push_back(plan_activations(dims, chunk_options(p, stage, c, o)));
   return out;
 }
 
@@ -558,7 +558,7 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
     p.notes.push_back("pipeline: pp " + std::to_string(p.pp) + ", " + p.pp_schedule +
                       (p.pp_chunks > 1 ? " over " + std::to_string(p.pp_chunks) + " chunks per rank" : std::string()) +
                       ", " + std::to_string(p.micro_batches) + " micro-batches per step; segments per virtual stage " +
-                      stages + (p.pp_chunks > 1 ? " (balanced by their time over each rank's chunks)" : " (balanced by their time)") + "; mop train runs them on CPU ranks so far (1f1b): "
+                      stages + (p.pp_chunks > 1 ? " (balanced by their time over each rank's chunks)" : " (balanced by their time)") + "; mop train runs them on CPU ranks so far: "
                       "on GPUs this is the plan's estimate");
   }
   if (p.pp == 1) place_saved(p, local_dims);  // a pipeline stage keeps no attention, saves none on the host

@@ -129,9 +129,10 @@ struct Plan {
   // Whether `rank` keeps parameter p's optimizer state (and updates it).
   // (Pipeline stages: only the ranks of the stage that runs its segment.)
   bool owns(int rank, int p) const;
-  // Pipeline stages: the activation options of `rank`'s model — its stage's segments and a bank
-  // per pass its schedule keeps in flight (1F1B; the plan's options without a pipeline).
-  ActivationOptions stage_activation_options(int rank) const;
+  // Pipeline stages: the activation options of `rank`'s model chunk `chunk` (one model per chunk)
+  // — the chunk's segments and a bank per pass of it its schedule keeps in flight (the plan's
+  // options without a pipeline).
+  ActivationOptions stage_activation_options(int rank, int chunk = 0) const;
   // Tokens per optimizer step (all ranks) and the model FLOPs of one step.
   int64_t tokens_per_step() const;
   double model_flops_per_step() const;

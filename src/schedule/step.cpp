@@ -10,7 +10,7 @@
 
 namespace mop {
 
-StepSchedule::StepSchedule(const Plan& plan, StepProgram program, Transformer& model,
+StepSchedule::StepSchedule(const Plan& plan, StepProgram program, ModelChunks& model,
                            ParamStore& params, Optimizer& optim, ParallelGroups& groups,
                            TimedOps& timed, std::unique_ptr<TimedOps> update_ops)
     : plan_(plan),
@@ -45,9 +45,12 @@ StepSchedule::StepSchedule(const Plan& plan, StepProgram program, Transformer& m
   MOP_CHECK(shape.streams() == params.streams_grads(), "the step program and the parameter store disagree on "
             "streamed gradients");
   MOP_CHECK(program_.slots == params.slots(), "the step program binds other slots than the parameter store has");
-  MOP_CHECK(!shape.pipelined() || (shape.chunks.size() == 1 && model.first_segment() == shape.chunks[0].first &&
-                                   model.end_segment() == shape.chunks[0].second),
-            "the step program's pipeline stage and the model's segments differ");
+  MOP_CHECK(model.size() == (shape.pipelined() ? int(shape.chunks.size()) : 1),
+            "a model of ", model.size(), " chunks for a step program of ", shape.chunks.size());
+  for (int c = 0; shape.pipelined() && c < model.size(); ++c)
+    MOP_CHECK(model.at(c).first_segment() == shape.chunks[size_t(c)].first &&
+                  model.at(c).end_segment() == shape.chunks[size_t(c)].second,
+              "the step program's pipeline chunk ", c, " and the model's segments differ");
   if (shape.streams()) {
     for (int p = 0; p < params.num_params(); ++p)
       MOP_CHECK(params.grad_pooled(p) == shape.streamed_segment(param_segment(layout, p)),
@@ -192,11 +195,12 @@ void StepSchedule::run(const Action& a, Run& r) {
       break;
     case ActionKind::BeginForward:
       if (program_.shape.pipelined()) {
-        const Transformer::Pass& p = r.in_flight[a.micro_batch] = r.begin(a.micro_batch);
+        const int c = model_.chunk_of(a.begin);
+        const Transformer::Pass& p = r.in_flight[{c, a.micro_batch}] = r.begin(a.micro_batch, c);
         if (p.training) timed_.set_phase(StepPhase::Forward);
         break;
       }
-      r.pass = r.begin(a.micro_batch);
+      r.pass = r.begin(a.micro_batch, 0);
       if (r.pass->training) timed_.set_phase(StepPhase::Forward);  // evaluation leaves the phase
       break;
     case ActionKind::RecvActivation:
@@ -211,7 +215,11 @@ void StepSchedule::run(const Action& a, Run& r) {
     case ActionKind::WaitUpdate:
       for (int s = a.begin; s < a.end; ++s) wait_update(s);
       break;
-    case ActionKind::Forward: model_.forward(pass_of(r, a.micro_batch), a.begin, a.end); break;
+    case ActionKind::Forward: {
+      const int c = model_.chunk_of(a.begin);
+      model_.at(c).forward(pass_of(r, c, a.micro_batch), a.begin, a.end);
+      break;
+    }
     case ActionKind::BeginBackward:
       // The backward writes gradients: every segment's update has zeroed its own.
       wait_updates();
@@ -219,9 +227,15 @@ void StepSchedule::run(const Action& a, Run& r) {
       if (program_.shape.pipelined()) groups_.data(Axes{Axis::Pp}).join();
       timed_.set_phase(StepPhase::Backward);
       break;
-    case ActionKind::Backward:
-      model_.backward(pass_of(r, a.micro_batch), a.begin, a.end);
+    case ActionKind::Backward: {
+      const int c = model_.chunk_of(a.begin);
+      const Transformer::Pass& p = pass_of(r, c, a.micro_batch);
+      model_.at(c).backward(p, a.begin, a.end);
+      // Pipeline stages: its backward has run the chunk's first segment, its bank is free.
+      if (program_.shape.pipelined() && p.training && a.begin == model_.at(c).first_segment())
+        r.held[size_t(c)][size_t(p.bank)] = false;
       break;
+    }
     case ActionKind::ReduceGrads:
       for (int s = a.begin; s < a.end; ++s) reduce_segment(s);
       break;
@@ -280,34 +294,40 @@ void StepSchedule::run(const Action& a, Run& r) {
   }
 }
 
-const Transformer::Pass& StepSchedule::pass_of(const Run& r, int m) const {
+const Transformer::Pass& StepSchedule::pass_of(const Run& r, int chunk, int m) const {
   if (!program_.shape.pipelined()) return *r.pass;
-  const auto it = r.in_flight.find(m);
-  MOP_CHECK(it != r.in_flight.end(), "micro-batch ", m, "'s pass has not begun");
+  const auto it = r.in_flight.find({chunk, m});
+  MOP_CHECK(it != r.in_flight.end(), "micro-batch ", m, "'s pass over chunk ", chunk, " has not begun");
   return it->second;
 }
 
-// The messages of a pipeline rank's chunk (one per rank: the model's stage) with its neighbours:
-// the activation forward, its gradient back, each tagged by micro-batch and direction; a host
-// comm's receive has its tensor at once, NCCL's once the compute stream joins the comm.
+// The messages of a pipeline rank's chunk with the neighbouring virtual stages (chunk c of rank
+// `stage` is virtual stage c · stages + stage; the one after it is on the next rank, after the
+// last rank on the first): the activation forward, its gradient back, each tagged by micro-batch,
+// the virtual stage it goes to and direction; a host comm's receive has its tensor at once,
+// NCCL's once the compute stream joins the comm.
 void StepSchedule::message(const Action& a, Run& r) {
   Comm& pipe = groups_.data(Axes{Axis::Pp});
-  const int stage = program_.shape.stage, m = a.micro_batch;
-  const Transformer::Pass& p = pass_of(r, m);
-  const int tag = 2 * m + (a.kind == ActionKind::RecvGrad || a.kind == ActionKind::SendGrad);
+  const ProgramShape& s = program_.shape;
+  const int P = s.stages, stage = s.stage, m = a.micro_batch, c = model_.chunk_of(a.begin);
+  const int v = c * P + stage, V = int(s.chunks.size()) * P;
+  const int prev = (stage + P - 1) % P, next = (stage + 1) % P;
+  const auto tag = [&](int to, bool grad) { return 2 * (m * V + to) + int(grad); };
+  Transformer& model = model_.at(c);
+  const Transformer::Pass& p = pass_of(r, c, m);
   switch (a.kind) {
     case ActionKind::RecvActivation:
-      pipe.recv(model_.stage_input(p), stage - 1, tag);
+      pipe.recv(model.stage_input(p), prev, tag(v, false));
       pipe.join();
       break;
-    case ActionKind::SendActivation: pipe.send(model_.stage_output(p), stage + 1, tag); break;
+    case ActionKind::SendActivation: pipe.send(model.stage_output(p), next, tag(v + 1, false)); break;
     case ActionKind::RecvGrad:
-      pipe.recv(model_.stage_output_grad(p), stage + 1, tag);
+      pipe.recv(model.stage_output_grad(p), next, tag(v, true));
       pipe.join();
       break;
     case ActionKind::SendGrad:
-      pipe.send(model_.stage_input_grad(p), stage - 1, tag);
-      r.in_flight.erase(m);  // its backward is done on this stage
+      pipe.send(model.stage_input_grad(p), prev, tag(v - 1, true));
+      r.in_flight.erase({c, m});  // its backward is done on this chunk
       break;
     default: MOP_CHECK(false, "not a pipeline message: ", action_name(a.kind));
   }
@@ -316,21 +336,25 @@ void StepSchedule::message(const Action& a, Run& r) {
 LossTerms StepSchedule::gradients(const std::function<Batch(int)>& micro_batch, float ce_scale,
                                   float aux_scale) {
   Run r;
-  // Pipeline stages: a bank per pass in flight (1F1B keeps consecutive micro-batches in flight).
-  const ProgramShape& s = program_.shape;
-  const int banks = s.pipelined() ? std::min(s.micro_batches, s.stages - s.stage) : 1;
-  r.begin = [&](int m) {
-    return model_.begin(micro_batch(m), aux_scale, /*training=*/true, ce_scale, /*write_experts=*/m == 0,
-                        m % banks);
+  // Pipeline stages: each pass in a bank of its chunk's model that no pass in flight holds (the
+  // plan gave each chunk as many as its passes in flight at most).
+  for (int c = 0; c < model_.size(); ++c) r.held.emplace_back(size_t(model_.at(c).activations().passes), false);
+  r.begin = [&](int m, int c) {
+    std::vector<bool>& held = r.held[size_t(c)];
+    const auto free = std::find(held.begin(), held.end(), false);
+    MOP_CHECK(free != held.end(), "model chunk ", c, ": every bank holds a pass in flight");
+    *free = program_.shape.pipelined();
+    return model_.at(c).begin(micro_batch(m), aux_scale, /*training=*/true, ce_scale,
+                              /*write_experts=*/m == 0, int(free - held.begin()));
   };
   for (const Action& a : program_.gradients) run(a, r);
-  if (s.pipelined()) groups_.data(Axes{Axis::Pp}).join();  // the last sends read
+  if (program_.shape.pipelined()) groups_.data(Axes{Axis::Pp}).join();  // the last sends read
   return r.losses;
 }
 
 void StepSchedule::evaluate(const Batch& batch) {
   Run r;
-  r.begin = [&](int) { return model_.begin(batch, 0.0f, /*training=*/false); };
+  r.begin = [&](int, int c) { return model_.at(c).begin(batch, 0.0f, /*training=*/false); };
   for (const Action& a : eval_) run(a, r);
 }
 

@@ -28,7 +28,7 @@
 #include <optional>
 #include <vector>
 
-#include "model/transformer.h"
+#include "model/model_chunks.h"
 #include "ops/timed_ops.h"
 #include "optim/optimizer.h"
 #include "parallel/grad_reducer.h"
@@ -45,8 +45,9 @@ class StepSchedule {
   // Runs `program` (this rank's, plan/program.h); builds the host pipeline for the optimizer's
   // host params. update_ops: the Ops of the stream that runs the device-held state's AdamW
   // overlapped with the next step (step 5), exactly when the program has device-update actions.
-  // Timed: its ops' time is update_stream_seconds().
-  StepSchedule(const Plan& plan, StepProgram program, Transformer& model, ParamStore& params,
+  // Timed: its ops' time is update_stream_seconds(). model: one chunk per chunk of the program's
+  // pipeline rank (one without a pipeline).
+  StepSchedule(const Plan& plan, StepProgram program, ModelChunks& model, ParamStore& params,
                Optimizer& optim, ParallelGroups& groups, TimedOps& timed,
                std::unique_ptr<TimedOps> update_ops = nullptr);
   ~StepSchedule();
@@ -82,13 +83,17 @@ class StepSchedule {
   // A program's run: how its micro-batches begin (training or evaluation), the model's pass over
   // the current one, the losses it read.
   struct Run {
-    std::function<Transformer::Pass(int)> begin;  // micro-batch m's pass
+    std::function<Transformer::Pass(int m, int chunk)> begin;  // micro-batch m's pass over a chunk
     std::optional<Transformer::Pass> pass;
-    std::map<int, Transformer::Pass> in_flight;  // pipeline stages: the passes begun, by micro-batch
+    // Pipeline stages: the passes begun, by (chunk, micro-batch), and per chunk which of its
+    // model's banks a pass holds (from its begin until its backward has run the chunk's first
+    // segment).
+    std::map<std::pair<int, int>, Transformer::Pass> in_flight;
+    std::vector<std::vector<bool>> held;
     LossTerms losses;
   };
   // The pass of micro-batch m (pipeline stages: of those in flight).
-  const Transformer::Pass& pass_of(const Run& r, int m) const;
+  const Transformer::Pass& pass_of(const Run& r, int chunk, int m) const;
   // Pipeline stages: a message of micro-batch m (its activation, or its gradient) to or from the
   // neighbouring pipeline rank.
   void message(const Action& a, Run& r);
@@ -111,7 +116,7 @@ class StepSchedule {
   const Plan& plan_;
   const StepProgram program_;
   const std::vector<Action> eval_;  // evaluation's program, of the step's shape
-  Transformer& model_;
+  ModelChunks& model_;
   ParamStore& params_;
   Optimizer& optim_;
   ParallelGroups& groups_;

@@ -133,12 +133,10 @@ void Trainer::build() {
   cfg_ = planned_config(cfg_, machine, world_.size);
   plan_ = make_plan(cfg_, machine, world_.size);
   if (plan_.pp > 1) {
-    // What the pipeline's executor runs so far: 1F1B stages on CPU ranks (whole or sliced
-    // parameters, the state with the backend or in host memory), without evaluation.
+    // What the pipeline's executor runs so far: stages on CPU ranks, without evaluation.
     const std::string what = "parallel.pp: " + std::to_string(plan_.pp) + " pipeline stages ";
     MOP_USER_CHECK(plan_.run.device == Device::CPU, what, "train on CPU ranks only so far (their messages over "
                    "NCCL have not run on GPUs yet); mop plan prices them for GPUs");
-    MOP_USER_CHECK(plan_.pp_chunks == 1, what, "train with parallel.pipeline.schedule: 1f1b only so far");
     MOP_USER_CHECK(cfg_.train.eval_interval == 0, what, "do not evaluate yet; set train.eval_interval: 0");
   }
 
@@ -180,17 +178,22 @@ void Trainer::build() {
                  " needs held-out data; set data.valid_fraction > 0");
 
   // 5. Activations, as planned, allocated once.
-  TransformerOptions topt;
-  topt.plan = plan_.stage_activation_options(world_.rank);  // pipeline stages: its segments, banks
+  // Pipeline stages: a model per chunk of the rank's (interleaved: several), each over its segments
+  // with its banks.
   const Axes cp{Axis::Cp}, ep{Axis::Ep};
-  topt.comms = {&groups_->data(cp),
-                groups_->side(CommKind::Ring, cp),
-                &groups_->data(ep),
-                &groups_->host(ep),
-                groups_->side(CommKind::Dispatch, ep),
-                groups_->side(CommKind::Combine, ep)};
-  model_ = std::make_unique<Transformer>(layout_, *params_, *ops_, topt);
-  model_->allocate();
+  model_ = std::make_unique<ModelChunks>();
+  for (int c = 0; c < plan_.pp_chunks; ++c) {
+    TransformerOptions topt;
+    topt.plan = plan_.stage_activation_options(world_.rank, c);
+    topt.comms = {&groups_->data(cp),
+                  groups_->side(CommKind::Ring, cp),
+                  &groups_->data(ep),
+                  &groups_->host(ep),
+                  groups_->side(CommKind::Dispatch, ep),
+                  groups_->side(CommKind::Combine, ep)};
+    model_->add(std::make_unique<Transformer>(layout_, *params_, *ops_, topt));
+    model_->at(c).allocate();
+  }
   // The backend has now built its plans and workspaces for these shapes. Where they take more than
   // the plan estimated (the machine's workspace figures are a fit over two sizes), plan again with
   // what they take — the largest over the ranks, so all make the same plan — and the optimizer
@@ -313,8 +316,8 @@ MemoryPlan Trainer::allocated_memory() const {
   }
   m.host_staging += schedule_->host_bytes();
   m.activations = model_->planned_bytes();
-  m.activations_by_component = model_->activations().device_by_component();
-  m.host_activations = model_->activations().host_bytes();
+  m.activations_by_component = model_->device_by_component();
+  m.host_activations = model_->host_bytes();
   m.workspaces = ops_->workspace_bytes();
   m.batch = batch_dev_.bytes();
   m.comms = plan_.memory_of_rank(world_.rank).comms;  // inside NCCL: the plan's estimate
@@ -557,7 +560,7 @@ void Trainer::save_checkpoint() {
 void Trainer::save_router_histogram() {
   if (cfg_.log.router_histogram.empty() || histogram_step_ == step_) return;
   histogram_step_ = step_;
-  const std::vector<int64_t>& local = model_->routed_counts();
+  const std::vector<int64_t> local = model_->routed_counts();
   std::vector<double> sums(local.begin(), local.end());
   sums.push_back(double(model_->routed_tokens()));
   groups_->world_host().all_reduce_host(sums.data(), int(sums.size()), Comm::Op::Sum);

@@ -17,7 +17,7 @@
 #include "data/loader.h"
 #include "data/step_batches.h"
 #include "data/tokenizer_files.h"
-#include "model/transformer.h"
+#include "model/model_chunks.h"
 #include "ops/timed_ops.h"
 #include "optim/optimizer.h"
 #include "parallel/groups.h"
@@ -121,7 +121,7 @@ class Trainer {
   std::unique_ptr<ParamStore> params_;
   std::unique_ptr<Optimizer> optim_;
   std::unique_ptr<TokenLoader> loader_;
-  std::unique_ptr<Transformer> model_;
+  std::unique_ptr<ModelChunks> model_;  // one chunk, or a pipeline rank's
   std::unique_ptr<StepSchedule> schedule_;  // before the optimizer and model in destruction
   std::unique_ptr<MetricsLog> metrics_;
   std::optional<TokenizerFiles> tokenizer_;  // saved into every checkpoint

@@ -1,11 +1,14 @@
 // Pipeline stages (parallel.pp) trained on in-process CPU ranks against the same run without
-// them: twenty 1F1B steps with gradient clipping binding give the same gradient norms and a final
+// them: twenty steps with gradient clipping binding give the same gradient norms and a final
 // checkpoint with the same bytes in every tensor (weights, master weights, Adam moments), with
-// every stage's rank writing its own parameters; with pp 2 and 4, several micro-batches, and
-// beside data and expert parallelism inside a stage. A run saved with stages resumes without them
+// every stage's rank writing its own parameters; 1F1B with pp 2 and 4, several micro-batches,
+// beside data and expert parallelism inside a stage, sliced parameters and the state in host
+// memory; interleaved with two chunks a rank, alone, beside data and expert parallelism, and sliced. A run saved with stages resumes without them
 // and the reverse, to the same bytes. The global norm is exact, so stages that each
 // hold a part of the gradients give the bits of the whole.
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include <spdlog/spdlog.h>
@@ -26,6 +29,7 @@ const int kSteps = 20;
 struct Layout {
   int pp = 1, dp = 1, ep = 1, edp = 1, micro_batches = 4;
   std::string shard = "owner", state = "auto";
+  int chunks = 1;  // > 1: interleaved, virtual stages per rank
   int ranks() const { return pp * dp; }
 };
 
@@ -37,10 +41,19 @@ std::string config(const std::string& corpus, const std::string& dir, const Layo
          "train: {steps: " + std::to_string(steps) +
          ", global_batch_size: " + std::to_string(micro * l.dp * l.micro_batches) +
          ", micro_batch_size: " + std::to_string(micro) + ", eval_interval: 0, device: cpu}\n"
-         "parallel: {pp: " + std::to_string(l.pp) + ", shard: " + l.shard + ", attention: {cp: 1, dp: " +
+         "parallel: {pp: " + std::to_string(l.pp) +
+         (l.chunks > 1 ? ", pipeline: {schedule: interleaved, virtual_stages: " + std::to_string(l.chunks) + "}"
+                       : std::string()) +
+         ", shard: " + l.shard + ", attention: {cp: 1, dp: " +
          std::to_string(l.dp) + "}, moe: {ep: " + std::to_string(l.ep) + ", dp: " + std::to_string(l.edp) + "}}\n"
          "checkpoint: {dir: " + dir + ", interval: 0, keep_last: 0, resume: auto}\n"
-         "log: {interval: 1}\n";
+         "log: {interval: 1, router_histogram: " + dir + "/router.json}\n";
+}
+
+std::string text_of(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 void train(const std::string& corpus, const std::string& dir, const Layout& l, int steps = kSteps) {
@@ -72,11 +85,17 @@ TEST_CASE("pipeline stages train as the same model without them, bit for bit", "
       // The optimizer state in host memory (the host pipeline's update), whole and sliced.
       {{1, 1, 1, 1, 3, "owner", "host"}, {2, 1, 1, 1, 3, "owner", "host"}},
       {{1, 2, 1, 2, 2, "slice", "host"}, {2, 2, 1, 2, 2, "slice", "host"}},
+      // Interleaved: two chunks a rank (the four segments each a virtual stage), alone, beside data
+      // and expert parallelism, and sliced.
+      {{1, 1, 1, 1, 4}, {2, 1, 1, 1, 4, "owner", "auto", 2}},
+      {{1, 2, 2, 1, 2}, {2, 2, 2, 1, 2, "owner", "auto", 2}},
+      {{1, 2, 1, 2, 4, "slice"}, {2, 2, 1, 2, 4, "slice", "auto", 2}},
   };
   int i = 0;
   for (const Case& c : cases) {
     INFO("pp " << c.piped.pp << " dp " << c.piped.dp << " ep " << c.piped.ep << " micro-batches "
-               << c.piped.micro_batches << " " << c.piped.shard << " state " << c.piped.state);
+               << c.piped.micro_batches << " " << c.piped.shard << " state " << c.piped.state << " chunks "
+               << c.piped.chunks);
     const std::string root = dir / ("run" + std::to_string(i++));
     train(corpus, root + "/plain", c.plain);
     train(corpus, root + "/piped", c.piped);
@@ -86,6 +105,8 @@ TEST_CASE("pipeline stages train as the same model without them, bit for bit", "
     train(corpus, root + "/out", c.plain, kSteps / 2);
     train(corpus, root + "/out", c.piped);
     test::check_same_runs(root, "plain", "piped", {"grad_norm"}, {"piped", "in", "out"}, kSteps);
+    // The routers' counts summed over the stages: each token once, each layer's rows by its stage.
+    CHECK(text_of(root + "/plain/router.json") == text_of(root + "/piped/router.json"));
     CHECK(test::steps_clipped(root + "/plain", kClip) == kSteps);
   }
 }
