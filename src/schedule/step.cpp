@@ -356,6 +356,7 @@ void StepSchedule::evaluate(const Batch& batch) {
   Run r;
   r.begin = [&](int, int c) { return model_.at(c).begin(batch, 0.0f, /*training=*/false); };
   for (const Action& a : eval_) run(a, r);
+  if (program_.shape.pipelined()) groups_.data(Axes{Axis::Pp}).join();  // the last sends read
 }
 
 StepReport StepSchedule::apply(float lr) {

@@ -133,11 +133,10 @@ void Trainer::build() {
   cfg_ = planned_config(cfg_, machine, world_.size);
   plan_ = make_plan(cfg_, machine, world_.size);
   if (plan_.pp > 1) {
-    // What the pipeline's executor runs so far: stages on CPU ranks, without evaluation.
+    // What the pipeline's executor runs so far: stages on CPU ranks.
     const std::string what = "parallel.pp: " + std::to_string(plan_.pp) + " pipeline stages ";
     MOP_USER_CHECK(plan_.run.device == Device::CPU, what, "train on CPU ranks only so far (their messages over "
                    "NCCL have not run on GPUs yet); mop plan prices them for GPUs");
-    MOP_USER_CHECK(cfg_.train.eval_interval == 0, what, "do not evaluate yet; set train.eval_interval: 0");
   }
 
   // 2. Backend, side streams and parallel groups (attention: cp × dp, MoE: ep × dp).
@@ -521,9 +520,11 @@ double Trainer::evaluate() {
     schedule_->evaluate(micro_batch(0));
     ce += model_->take_losses().ce_sum;
   }
-  double sums[2] = {ce, valid};
-  groups_->world_host().all_reduce_host(sums, 2, Comm::Op::Sum);
-  return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+  // The cross-entropy over every rank (pipeline stages: the last one's); the tokens over a stage's
+  // ranks (every stage reads the same batches).
+  ce = groups_->world_host().all_reduce_host(ce, Comm::Op::Sum);
+  valid = groups_->host(kAttentionAxes).all_reduce_host(valid, Comm::Op::Sum);
+  return valid > 0 ? ce / valid : 0.0;
 }
 
 TrainerState Trainer::drained_state() {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -35,12 +36,13 @@ struct Layout {
 
 std::string config(const std::string& corpus, const std::string& dir, const Layout& l, int steps = kSteps) {
   const int micro = 2;
-  return test::compare_model_yaml(false, corpus) +
+  // Evaluated every 5 steps on held-out data (a tenth of the corpus).
+  return test::merge_yaml(test::compare_model_yaml(false, corpus), "data: {valid_fraction: 0.1}\n") +
          "optim: {lr: 0.01, schedule: constant, warmup_steps: 0, grad_clip: " + std::to_string(kClip) +
          ", state_placement: " + l.state + "}\n"
          "train: {steps: " + std::to_string(steps) +
          ", global_batch_size: " + std::to_string(micro * l.dp * l.micro_batches) +
-         ", micro_batch_size: " + std::to_string(micro) + ", eval_interval: 0, device: cpu}\n"
+         ", micro_batch_size: " + std::to_string(micro) + ", eval_interval: 5, eval_batches: 2, device: cpu}\n"
          "parallel: {pp: " + std::to_string(l.pp) +
          (l.chunks > 1 ? ", pipeline: {schedule: interleaved, virtual_stages: " + std::to_string(l.chunks) + "}"
                        : std::string()) +
@@ -48,6 +50,14 @@ std::string config(const std::string& corpus, const std::string& dir, const Layo
          std::to_string(l.dp) + "}, moe: {ep: " + std::to_string(l.ep) + ", dp: " + std::to_string(l.edp) + "}}\n"
          "checkpoint: {dir: " + dir + ", interval: 0, keep_last: 0, resume: auto}\n"
          "log: {interval: 1, router_histogram: " + dir + "/router.json}\n";
+}
+
+// The evaluation losses a run logged (metrics.jsonl in `dir`), as text (equal ⇔ equal bits).
+std::vector<std::string> val_losses(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const Json& j : test::read_metrics(dir + "/metrics.jsonl"))
+    if (const Json* v = j.find("val_loss")) out.push_back(v->dump());
+  return out;
 }
 
 std::string text_of(const std::string& path) {
@@ -107,6 +117,9 @@ TEST_CASE("pipeline stages train as the same model without them, bit for bit", "
     test::check_same_runs(root, "plain", "piped", {"grad_norm"}, {"piped", "in", "out"}, kSteps);
     // The routers' counts summed over the stages: each token once, each layer's rows by its stage.
     CHECK(text_of(root + "/plain/router.json") == text_of(root + "/piped/router.json"));
+    // Evaluation through the stages: the same loss on held-out data.
+    CHECK(val_losses(root + "/plain").size() == size_t(kSteps / 5));
+    CHECK(val_losses(root + "/plain") == val_losses(root + "/piped"));
     CHECK(test::steps_clipped(root + "/plain", kClip) == kSteps);
   }
 }
