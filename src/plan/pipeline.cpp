@@ -92,8 +92,9 @@ StageSplit balance_ranks(const std::vector<double>& time, StageSplit split, int 
   for (size_t s = 0; s < time.size(); ++s) prefix[s + 1] = prefix[s] + time[s];
   RankLoad now = rank_load(prefix, split, ranks);
   // Each round takes the best move: one segment from stage a to stage b, every boundary between
-  // them shifting by one (the stages in between keep their number of segments).
-  for (;;) {
+  // them shifting by one (the stages in between keep their number of segments). Each lowers the
+  // load; the rounds are bounded all the same (the comparison's tolerance is not transitive).
+  for (size_t round = 0; round < time.size() * size_t(V); ++round) {
     StageSplit best = split;
     RankLoad best_load = now;
     for (int a = 0; a < V; ++a) {
@@ -109,9 +110,10 @@ StageSplit balance_ranks(const std::vector<double>& time, StageSplit split, int 
         if (load < best_load) best = std::move(next), best_load = load;
       }
     }
-    if (!(best_load < now)) return split;
+    if (!(best_load < now)) break;
     split = std::move(best), now = best_load;
   }
+  return split;
 }
 
 std::vector<PipePass> one_f_one_b(int rank, int ranks, int micro_batches) {
