@@ -110,6 +110,10 @@ Measured run_rank(const Config& cfg, const Machine& machine, int world, int rank
   Measured m;
   m.rank = rank;
   m.plan = trainer.plan();
+  // Pipeline stages: the prediction for this rank's stage (the plan's step is the slowest's). Its
+  // wait for the other stages is in communication, which the report takes from the plan: the
+  // stand-ins' messages arrive at once.
+  if (m.plan.pp > 1) m.plan.time = predict_step_time(m.plan, m.plan.stage_of(rank));
   m.allocated = trainer.allocated_memory();
   const Device dev = trainer.plan().run.device;
   for (int s = 1; s <= steps; ++s) {
@@ -141,6 +145,7 @@ double composed_step(const Measured& m, const Plan& p) {
 Json rank_json(const Measured& m, const Plan& p) {
   Json j = Json::object();
   j["rank"] = m.rank;
+  if (p.pp > 1) j["pipeline_stage"] = p.stage_of(m.rank);
   Json mem = Json::object();
   const MemoryPlan want = p.memory_of_rank(m.rank);
   mem["device_planned_gib"] = gib(double(want.device_total()));
@@ -242,6 +247,19 @@ Plan plan_with_layers(const Plan& full, const Machine& machine, int world, const
   return make_plan(emulated_config(full, dir, steps, layers), machine, world, /*check_fit=*/false);
 }
 
+// "pipeline stage 3 of 12 (segments 5–9, 30–34), " for a rank of a pipeline, else "".
+std::string stage_text(const Plan& p, int rank) {
+  if (p.pp == 1) return "";
+  const int stage = p.stage_of(rank);
+  std::string runs;
+  for (int c = 0; c < p.pp_chunks; ++c) {
+    const int v = c * p.pp + stage;
+    const int a = p.split.first[size_t(v)], b = p.split.first[size_t(v + 1)] - 1;
+    runs += (c ? ", " : "") + std::to_string(a) + (b > a ? "–" + std::to_string(b) : "");
+  }
+  return "pipeline stage " + std::to_string(stage) + " of " + std::to_string(p.pp) + " (segments " + runs + "), ";
+}
+
 void write_random_tokens(const Config& c) {
   // Uniformly random tokens: a few steps' worth (the loader reuses them in later epochs).
   RandomTokensOptions r;
@@ -284,8 +302,6 @@ int cmd_emulate(const EmulateArgs& args) {
                  cfg.model.num_layers, " (model.num_layers)");
   // The whole job's plan: refused here, before anything is allocated, when it does not fit.
   const Plan full = make_plan(job.cfg, machine, world);
-  MOP_USER_CHECK(full.pp == 1, "mop emulate: parallel.pp ", full.pp, ": emulating a pipeline stage's rank is not "
-                 "supported yet; mop plan prices it");
   const RoutingModel routing = RoutingModel::parse(args.routing, full.dims.experts, full.dims.top_k);
   const int layers = args.layers > 0 ? args.layers : int(cfg.model.num_layers);
   const int64_t moe_layers = layers - full.dims.first_dense;
@@ -295,12 +311,17 @@ int cmd_emulate(const EmulateArgs& args) {
   ScratchDir scratch;
   const std::string dir = scratch.path.string();
   const Config ecfg = emulated_config(full, dir, args.steps, layers);
+  // Pipeline stages keep their number and chunks: every virtual stage needs a segment.
+  const int virtual_stages = full.pp * full.pp_chunks;
+  MOP_USER_CHECK(full.pp == 1 || layers + 2 >= virtual_stages, "--layers ", layers, ": the pipeline's ", full.pp,
+                 " stages × ", full.pp_chunks, " chunks need at least ", virtual_stages - 2,
+                 " layers (a virtual stage runs at least one segment: the embedding, a layer or the head)");
   const Plan eplan = make_plan(ecfg, machine, world, /*check_fit=*/false);
   // Refused before anything is allocated when this machine cannot hold the rank: with the most
   // layers that fit named.
   if (const std::string why = misfit_here(eplan, args.rank); !why.empty()) {
     int fits = 0;
-    for (int l = layers - 1; l >= 1 && fits == 0; --l)
+    for (int l = layers - 1; l >= std::max(1, virtual_stages - 2) && fits == 0; --l)
       if (misfit_here(plan_with_layers(full, machine, world, dir, args.steps, l), args.rank).empty()) fits = l;
     throw_user_error("rank ", args.rank, " with ", layers, " of its ", cfg.model.num_layers, " layers ", why,
                      fits > 0 ? ": emulate it with --layers " + std::to_string(fits) + " (the most that fit here)"
@@ -378,11 +399,11 @@ int cmd_emulate(const EmulateArgs& args) {
     return 0;
   }
   std::printf(
-      "emulated rank %d of %d on %s (%s; this rank: attention dp %d cp %d, MoE edp %d ep %d), %d "
+      "emulated rank %d of %d on %s (%s; this rank: %sattention dp %d cp %d, MoE edp %d ep %d), %d "
       "of %lld layers, "
       "routing %s, %d step(s), the first a warm-up\n",
-      args.rank, world, machine.name.c_str(), mesh.str().c_str(), at[Axis::Dp], at[Axis::Cp],
-      at[Axis::Edp], at[Axis::Ep], layers, (long long)cfg.model.num_layers,
+      args.rank, world, machine.name.c_str(), mesh.str().c_str(), stage_text(eplan, args.rank).c_str(),
+      at[Axis::Dp], at[Axis::Cp], at[Axis::Edp], at[Axis::Ep], layers, (long long)cfg.model.num_layers,
       routing.describe().c_str(), args.steps);
   for (const std::string& n : job.target.notes) std::printf("note: %s\n", n.c_str());
   for (const Measured& m : measured) {

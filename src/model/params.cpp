@@ -25,11 +25,14 @@ StepSlots step_slots(bool sliced, bool pool_grads, bool streams, bool tied) {
 }
 
 ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad_dtype, MemKind mem,
-                       bool allocate)
+                       bool allocate, std::vector<bool> segments)
     : layout_(layout), weight_dtype_(weight_dtype), grad_dtype_(grad_dtype) {
-  for (const auto& def : layout.params) {
+  MOP_CHECK(segments.empty() || int(segments.size()) == num_segments(layout.dims), "a stage of ",
+            segments.size(), " segments for a model of ", num_segments(layout.dims));
+  for (int p = 0; p < num_params(); ++p) {
+    if (!segments.empty()) held_.push_back(segments[size_t(param_segment(layout, p))]);
     offsets_.push_back(total_);
-    total_ += aligned_numel(def.numel());
+    if (held(p)) total_ += aligned_numel(layout.params[p].numel());
   }
   if (!allocate) return;
   weights_ = Buffer(mem, size_t(total_) * dtype_size(weight_dtype));
@@ -37,8 +40,8 @@ ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad
 }
 
 ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad_dtype, MemKind mem,
-                       ParamSlices slices)
-    : ParamStore(layout, weight_dtype, grad_dtype, mem, /*allocate=*/false) {
+                       ParamSlices slices, std::vector<bool> stage)
+    : ParamStore(layout, weight_dtype, grad_dtype, mem, /*allocate=*/false, std::move(stage)) {
   const int n = num_params();
   MOP_CHECK(int(slices.n.size()) == n && int(slices.index.size()) == n, "slices of ",
             slices.n.size(), " parameters for ", n);
@@ -52,7 +55,8 @@ ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad
     const int parts = slices_.n[size_t(p)];
     MOP_CHECK(parts >= 1 && slices_.index[size_t(p)] >= 0 && slices_.index[size_t(p)] < parts,
               "slice ", slices_.index[size_t(p)], " of ", parts);
-    const int64_t k = mop::slice_numel(layout.params[p].numel(), parts);
+    // Another stage's parameter: no slice, no room in its group's slot.
+    const int64_t k = held(p) ? mop::slice_numel(layout.params[p].numel(), parts) : 0;
     slice_numel_.push_back(k);
     slice_off_.push_back(slice_total);
     slice_total += aligned_numel(k);
@@ -60,8 +64,8 @@ ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad
     group_of_.push_back(g);
     group_params_[size_t(g)].push_back(p);
     // One replica: the slice is the whole parameter, used in place (no slot, nothing gathered).
-    slot_off_.push_back(parts == 1 ? -1 : group_elems[size_t(g)]);
-    if (parts > 1) group_elems[size_t(g)] += aligned_numel(parts * k);
+    slot_off_.push_back(parts == 1 || !held(p) ? -1 : group_elems[size_t(g)]);
+    if (parts > 1 && held(p)) group_elems[size_t(g)] += aligned_numel(parts * k);
   }
   const int64_t shared = *std::max_element(group_elems.begin(), group_elems.begin() + segments);
   const int groups = num_gather_groups();
@@ -99,8 +103,8 @@ ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad
 }
 
 ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad_dtype, MemKind mem,
-                       PooledGrads pooled)
-    : ParamStore(layout, weight_dtype, grad_dtype, mem, /*allocate=*/false) {
+                       PooledGrads pooled, std::vector<bool> stage)
+    : ParamStore(layout, weight_dtype, grad_dtype, mem, /*allocate=*/false, std::move(stage)) {
   const int segments = num_segments(layout.dims);
   MOP_CHECK(int(pooled.segments.size()) == segments, "pooled gradients for ", pooled.segments.size(),
             " segments of ", segments);
@@ -114,7 +118,7 @@ ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad
   int64_t resident = 0;
   for (int p = 0; p < num_params(); ++p) {
     const int g = tied && p == layout.embedding ? segments : param_segment(layout, p);
-    const int64_t a = aligned_numel(layout.params[p].numel());
+    const int64_t a = held(p) ? aligned_numel(layout.params[p].numel()) : 0;
     group_of_.push_back(g);
     group_params_[size_t(g)].push_back(p);
     if (pooled_group_[size_t(g)]) {
@@ -141,25 +145,33 @@ ParamStore::ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad
   for (int64_t e : gslots) grad_slots_.emplace_back(mem, size_t(e) * dtype_size(grad_dtype));
 }
 
+void ParamStore::check_held(int p) const {
+  MOP_CHECK(p >= 0 && p < num_params(), "parameter index ", p);
+  MOP_CHECK(held(p), layout_.params[p].name, " belongs to another pipeline stage");
+}
+
 Tensor ParamStore::resident_grad(int p) const {
+  check_held(p);
   MOP_CHECK(p >= 0 && p < num_params() && grad_off_[size_t(p)] >= 0, "parameter ", p, "'s gradients are pooled");
   return shaped_view(static_cast<char*>(grads_.data()) + size_t(grad_off_[size_t(p)] - offsets_[p]) * dtype_size(grad_dtype_),
                      grad_dtype_, grads_.device(), p);
 }
 
 Tensor ParamStore::slice_weight(int p) const {
+  check_held(p);
   return Tensor(static_cast<char*>(slice_weights_.data()) + size_t(slice_off_[size_t(p)]) * dtype_size(weight_dtype_),
                 weight_dtype_, {slice_numel_[size_t(p)]}, slice_weights_.device());
 }
 
 Tensor ParamStore::slice_grad(int p) const {
+  check_held(p);
   return Tensor(static_cast<char*>(slice_grads_.data()) + size_t(slice_off_[size_t(p)]) * dtype_size(grad_dtype_),
                 grad_dtype_, {slice_numel_[size_t(p)]}, slice_grads_.device());
 }
 
 Tensor ParamStore::in_slot(const std::vector<Buffer>& slots, const std::vector<int>& bound, DType dtype,
                            int p, bool padded, const char* what) const {
-  MOP_CHECK(p >= 0 && p < num_params(), "parameter index ", p);
+  check_held(p);
   const int slot = bound[size_t(group_of_[size_t(p)])];
   MOP_CHECK(slot >= 0, "the ", what, " of ", layout_.params[p].name, " are not gathered");
   const bool weights = &slots == &weight_slots_;
@@ -245,7 +257,7 @@ Tensor ParamStore::shaped(const Buffer& flat, DType dtype, int p) const {
 }
 
 Tensor ParamStore::shaped_view(void* flat_base, DType dtype, Device device, int p) const {
-  MOP_CHECK(p >= 0 && p < num_params(), "parameter index ", p);
+  check_held(p);
   const auto& def = layout_.params[p];
   Tensor t(static_cast<char*>(flat_base) + size_t(offsets_[p]) * dtype_size(dtype), dtype, {},
            device);

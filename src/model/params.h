@@ -69,20 +69,24 @@ struct PooledGrads {
   bool allocate = true;
 };
 
+// A pipeline stage's store (`segments`: per segment whether this rank runs it; empty: every
+// segment) holds only the parameters of its segments: the others take no memory, and asking for
+// their weights or gradients is an internal error (held() says which are here).
 class ParamStore {
  public:
   // allocate = false gives a store of shapes only (for planning memory without using it).
   ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad_dtype, MemKind mem,
-             bool allocate = true);
+             bool allocate = true, std::vector<bool> segments = {});
   // Sliced (see ParamSlices).
   ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad_dtype, MemKind mem,
-             ParamSlices slices);
+             ParamSlices slices, std::vector<bool> segments = {});
   // Whole parameters, some segments' gradients pooled (see PooledGrads).
   ParamStore(const ModelLayout& layout, DType weight_dtype, DType grad_dtype, MemKind mem,
-             PooledGrads pooled);
+             PooledGrads pooled, std::vector<bool> segments = {});
 
   const ModelLayout& layout() const { return layout_; }
   int num_params() const { return int(layout_.params.size()); }
+  bool held(int p) const { return held_.empty() || held_[size_t(p)]; }  // by this pipeline stage
   int64_t offset(int p) const { return offsets_[p]; }
   int64_t total_elements() const { return total_; }  // including alignment padding
 
@@ -147,10 +151,12 @@ class ParamStore {
   int bind(std::vector<int>& bound, std::vector<int>& owner, std::vector<uint64_t>& freed, int shared, int g);
   void release(std::vector<int>& bound, std::vector<int>& owner, std::vector<uint64_t>& freed, int g);
   Tensor resident_grad(int p) const;  // a PooledGrads store's unpooled gradients
+  void check_held(int p) const;
 
   const ModelLayout& layout_;
   DType weight_dtype_, grad_dtype_;
   std::vector<int64_t> offsets_;
+  std::vector<char> held_;  // per parameter (empty: all)
   int64_t total_ = 0;
   Buffer weights_, grads_;
   // Sliced: per parameter its slice's length and offset in the slice buffers, its gather group

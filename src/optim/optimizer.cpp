@@ -21,6 +21,7 @@ Optimizer::Optimizer(const OptimConfig& cfg, ParamStore& params, Ops& ops,
   int64_t total[2] = {0, 0};
   MOP_CHECK(owned_.empty() || int(owned_.size()) == n, "ownership of ", owned_.size(), " parameters");
   for (int p = 0; p < n; ++p) {
+    MOP_CHECK(!owns(p) || params.held(p), params.layout().params[p].name, ": owned but not held");
     int where = on_host(p) ? 1 : 0;
     offset_.push_back(total[where]);
     if (owns(p)) total[where] += aligned_numel(state_numel(p));
@@ -93,6 +94,7 @@ void Optimizer::init_weights(uint64_t seed) {
   const ModelLayout& layout = params_.layout();
   std::vector<float> host;
   for (int p = 0; p < params_.num_params(); ++p) {
+    if (!params_.held(p)) continue;  // another pipeline stage's
     if (params_.sliced()) {  // this rank's slice of the initial values (zeros past the end)
       const int64_t k = params_.slice_numel(p);
       host.assign(size_t(k * params_.slice_count(p)), 0.0f);
@@ -101,7 +103,7 @@ void Optimizer::init_weights(uint64_t seed) {
       if (owns(p)) {
         ops_.copy(master(p), src);
         ops_.copy(params_.slice_weight(p), master(p));
-      } else {  // another pipeline stage's
+      } else {  // updated by another rank
         ops_.copy(params_.slice_weight(p), src);
       }
       continue;
@@ -135,7 +137,7 @@ StepReport Optimizer::step(float lr, bool defer_native) {
   StepReport r;
   const int n = params_.num_params();
   for (int p = 0; p < n; ++p)
-    if (!std::exchange(norm_taken_[size_t(p)], char(0))) ops_.sumsq(norm_slot(p), update_grad(p));
+    if (!std::exchange(norm_taken_[size_t(p)], char(0)) && params_.held(p)) ops_.sumsq(norm_slot(p), update_grad(p));
   // The sums are exact (core/exact_sum.h), and so are their sums here and over the ranks: the norm
   // has the same bits on every layout.
   std::vector<int64_t> words(size_t(n) * kGradNormWords);
@@ -148,6 +150,7 @@ StepReport Optimizer::step(float lr, bool defer_native) {
   std::vector<std::pair<Comm*, ExactSum>> sums;
   for (int p = 0; p < n; ++p) {
     ExactSum s;
+    if (!params_.held(p)) std::fill_n(words.data() + size_t(p) * kGradNormWords, kGradNormWords, 0);
     const int64_t* w = words.data() + size_t(p) * kGradNormWords;
     s.add_words(uint64_t(w[0]), uint64_t(w[1]), uint64_t(w[2]));
     s.bad |= uint64_t(w[3]);

@@ -106,6 +106,13 @@ bool Plan::runs_segment(int rank, int s) const {
   return false;
 }
 
+std::vector<bool> Plan::held_segments(int rank) const {
+  if (pp == 1) return {};
+  std::vector<bool> held(size_t(num_segments(dims)));
+  for (size_t s = 0; s < held.size(); ++s) held[s] = runs_segment(rank, int(s));
+  return held;
+}
+
 bool Plan::owns(int rank, int p) const {
   return parallel.owns(rank, p) && (pp == 1 || runs_segment(rank, param_segment(local_layout(), p)));
 }
@@ -315,14 +322,14 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
   };
   m.weights = size_t(w_elems + largest(gathered, slots.shared_weights)) * c;
   m.grads = size_t(g_elems + largest(in_flight, slots.shared_grads)) * g;
-  // (Pipeline stages: the formulas above, over the stage's parameters.)
-  if (parallel.sliced() && !stream_grads && pp == 1) {
+  // (Pipeline stages: the stage's parameters, in the stores below too.)
+  if (parallel.sliced() && !stream_grads) {
     // What the step runs: the parameter store's slices and gather slots (model/params.h: the
     // shared slots of the largest segment, a tied embedding's own, a one-replica parameter in
     // place), every slice's gradients on the device, host-updated slices through the plain host
     // pipeline.
     const ParamStore store(local, run.compute, run.grad, MemKind::Host,
-                           param_slices(parallel, rank, micro_batches, /*allocate=*/false));
+                           param_slices(parallel, rank, micro_batches, /*allocate=*/false), held_segments(rank));
     m.weights = store.weight_bytes(), m.grads = store.grad_bytes();
     staged = staged_cpu = streamed = 0;
     for (int q = 0; q < int(local.params.size()); ++q)
@@ -330,18 +337,19 @@ MemoryPlan Plan::memory_of_rank(int rank) const {
         staged += aligned_numel(store.slice_numel(q)), staged_cpu += store.slice_numel(q);
   }
   size_t running_sums = 0;
-  if (stream_grads && !state_on_host.empty() && pp == 1) {
+  if (stream_grads && !state_on_host.empty()) {
     // What the step runs: the parameter store with the host-updated segments' gradients in the
     // shared slots (model/params.h), the host pipeline's staging (on the GPU bf16 for the two
     // segments being converted; pinned bf16 gradients and weights), and with several micro-batches
     // every streamed gradient's running sum in host memory (schedule/step.h).
-    const ParamStore store(local, run.compute, run.grad, MemKind::Host, PooledGrads{streamed_segments(), false});
+    const ParamStore store(local, run.compute, run.grad, MemKind::Host, PooledGrads{streamed_segments(), false},
+                           held_segments(rank));
     m.weights = store.weight_bytes(), m.grads = store.grad_bytes();
     std::vector<int64_t> by_segment(size_t(segments), 0);
     staged = staged_cpu = streamed = 0;
     for (size_t q = 0; q < local.params.size(); ++q) {
       const int64_t n = local.params[q].numel();
-      if (!state_on_host[q]) continue;
+      if (!state_on_host[q] || !store.held(int(q))) continue;
       if (micro_batches > 1) running_sums += size_t(aligned_numel(n)) * g;
       if (!owns(rank, int(q))) continue;
       staged += aligned_numel(n), staged_cpu += n;
@@ -558,8 +566,7 @@ Plan plan_with(const Config& cfg, const Machine& machine, int world, bool stream
     p.notes.push_back("pipeline: pp " + std::to_string(p.pp) + ", " + p.pp_schedule +
                       (p.pp_chunks > 1 ? " over " + std::to_string(p.pp_chunks) + " chunks per rank" : std::string()) +
                       ", " + std::to_string(p.micro_batches) + " micro-batches per step; segments per virtual stage " +
-                      stages + (p.pp_chunks > 1 ? " (balanced by their time over each rank's chunks)" : " (balanced by their time)") + "; mop train runs them on CPU ranks so far: "
-                      "on GPUs this is the plan's estimate");
+                      stages + (p.pp_chunks > 1 ? " (balanced by their time over each rank's chunks)" : " (balanced by their time)"));
   }
   if (p.pp == 1) place_saved(p, local_dims);  // a pipeline stage keeps no attention, saves none on the host
   p.activations = plan_activations(local_dims, ao);

@@ -80,6 +80,8 @@ struct Plan {
   int stage_of(int rank) const { return rank / stage_size(); }  // pp is the outermost axis
   // Whether `rank` runs segment s (every segment without a pipeline).
   bool runs_segment(int rank, int s) const;
+  // Per segment whether `rank` runs it, for its parameter store (empty without a pipeline: all).
+  std::vector<bool> held_segments(int rank) const;
   bool ring = false;  // cp > 1: ring attention (else Ulysses)
   int moe_chunks = 1;
   int local_seq = 0;       // tokens of each sequence on a rank (S / cp)

@@ -30,9 +30,9 @@ struct SearchResult {
 // pipelines: parallel.pp (when the config leaves it open) is searched too — 1 and the stage counts
 // whose stages are whole nodes (or one node's share of a smaller job), each with 1F1B and, where
 // the micro-batches divide, interleaved over 2 chunks (and the fastest few of those again over 3
-// and 4). Only `mop plan --search` asks for them: mop train runs pipelines on CPU ranks only so
-// far, so train.plan: auto and the layouts mop plan, validate and emulate choose keep parallel.pp
-// as the config gives it.
+// and 4). Only `mop plan --search` asks for them: pipelines on GPUs have not run on more than one
+// GPU yet (their messages between GPUs are untested), so train.plan: auto and the layouts mop
+// plan, validate and emulate choose keep parallel.pp as the config gives it.
 SearchResult search_plans(const Config& cfg, const Machine& machine, int world, bool pipelines = false);
 
 // What would make a plan fit where none fits `world` ranks (0: nothing found): the most ranks

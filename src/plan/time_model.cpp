@@ -761,7 +761,8 @@ std::vector<double> segment_seconds(const Plan& plan) {
   return t;
 }
 
-StepTime predict_step_time(const Plan& plan) {
+StepTime predict_step_time(const Plan& plan, int stage) {
+  MOP_CHECK(stage < plan.pp, "pipeline stage ", stage, " of ", plan.pp);
   if (plan.pp == 1) return Model(plan, plan.memory_rank).run();
   // Pipeline stages: one rank of each (the memory rank's position in its stage), walked together;
   // the step is the slowest stage's, reported with that stage's split.
@@ -778,6 +779,7 @@ StepTime predict_step_time(const Plan& plan) {
   for (int k = 0; k < plan.pp; ++k) {
     StepTime t = models[size_t(k)]->finish(walked[size_t(k)]);
     t.stage = k;
+    if (k == stage) return t;
     if (k == 0 || t.step > slowest.step) slowest = std::move(t);
   }
   return slowest;

@@ -59,7 +59,8 @@ StepSchedule::StepSchedule(const Plan& plan, StepProgram program, ModelChunks& m
     int64_t total = 0;
     sum_offsets_.assign(size_t(params.num_params()), -1);
     for (int p = 0; p < params.num_params(); ++p)
-      if (params.grad_pooled(p)) sum_offsets_[size_t(p)] = total, total += aligned_numel(layout.params[p].numel());
+      if (params.grad_pooled(p) && params.held(p))
+        sum_offsets_[size_t(p)] = total, total += aligned_numel(layout.params[p].numel());
     const Device dev = timed.device();
     if (shape.micro_batches > 1)
       sums_ = Buffer(dev == Device::CPU ? MemKind::Host : MemKind::Pinned, size_t(total) * dtype_size(params.grad_dtype()));
@@ -188,7 +189,8 @@ void StepSchedule::run(const Action& a, Run& r) {
         // the overlapped update zeroed them after reading them.
         const bool zeroed = std::exchange(grads_zeroed_, false);
         for (int p = 0; p < params_.num_params(); ++p)
-          if (params_.sliced() && params_.slice_count(p) > 1) timed_.fill(params_.padded_grad(p), 0);
+          if (!params_.held(p)) continue;  // another pipeline stage's
+          else if (params_.sliced() && params_.slice_count(p) > 1) timed_.fill(params_.padded_grad(p), 0);
           else if (!zeroed && !model_.writes_gradient(p) && !params_.grad_pooled(p))
             timed_.fill(optim_.update_grad(p), 0);
       }

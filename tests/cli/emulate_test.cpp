@@ -22,16 +22,19 @@ using namespace mop;
 
 namespace {
 
-// 4 ranks: attention cp 2 × dp 2, experts ep 2 × dp 2; the optimizer state on the GPU or host, the
-// parameters whole (owner) or sliced.
+// 4 ranks: attention cp 2 × dp 2, experts ep 2 × dp 2 (or two pipeline stages of attention dp 2,
+// experts ep 2); the optimizer state on the GPU or host, the parameters whole (owner) or sliced.
 struct Variant {
   std::string placement, shard;
+  bool stages = false;
 };
 std::string config(const std::string& corpus, const std::string& dir, const Variant& v) {
   return test::compare_model_yaml(false, corpus) +
          "optim: {lr: 0.01, schedule: constant, warmup_steps: 0, state_placement: " + v.placement + "}\n"
          "train: {steps: 2, global_batch_size: 4, micro_batch_size: 1, eval_interval: 0, device: cpu}\n"
-         "parallel: {attention: {cp: 2, dp: 2}, moe: {ep: 2, dp: 2, exchange_budget: 0}, shard: " + v.shard + "}\n"
+         "parallel: {" + std::string(v.stages ? "pp: 2, attention: {cp: 1, dp: 2}, moe: {ep: 2, dp: 1"
+                                              : "attention: {cp: 2, dp: 2}, moe: {ep: 2, dp: 2") +
+         ", exchange_budget: 0}, shard: " + v.shard + "}\n"
          "checkpoint: {dir: " + dir + ", interval: 0, keep_last: 0, save_final: false}\n"
          "log: {interval: 1}\n";
 }
@@ -75,8 +78,11 @@ TEST_CASE("an emulated rank allocates and communicates as the same rank of the r
   test::TempDir dir;
   const std::string corpus = test::prepare_corpus(dir, 40000);
   const int N = 4, kSteps = 2;
-  for (const Variant extra : {Variant{"gpu", "owner"}, Variant{"host", "slice"}}) {
-    INFO("state " << extra.placement << ", " << extra.shard);
+  // With stages, rank 0 is the first stage's and rank 3 the last's: each allocates its stage's
+  // share, and sends and receives as the real rank does.
+  for (const Variant extra : {Variant{"gpu", "owner"}, Variant{"host", "slice"}, Variant{"gpu", "owner", true},
+                              Variant{"host", "slice", true}}) {
+    INFO("state " << extra.placement << ", " << extra.shard << (extra.stages ? ", pp 2" : ""));
     std::vector<RankRun> real(N);
     std::shared_ptr<InProcessWorld> ranks = make_inprocess_world(N);
     run_inprocess(N, [&](int rank) {
