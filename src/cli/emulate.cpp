@@ -325,7 +325,9 @@ int cmd_emulate(const EmulateArgs& args) {
       if (misfit_here(plan_with_layers(full, machine, world, dir, args.steps, l), args.rank).empty()) fits = l;
     throw_user_error("rank ", args.rank, " with ", layers, " of its ", cfg.model.num_layers, " layers ", why,
                      fits > 0 ? ": emulate it with --layers " + std::to_string(fits) + " (the most that fit here)"
-                              : std::string(": not even one layer fits here"));
+                              : full.pp > 1 ? ": not even the fewest layers its pipeline needs (" +
+                                                  std::to_string(std::max(1, virtual_stages - 2)) + ") fit here"
+                                            : std::string(": not even one layer fits here"));
   }
   MOP_USER_CHECK(full.run.device == Device::CPU || gpu_count() > 0, "the plan runs on ", machine.device.name,
                  " GPUs and this machine has no GPU: emulate on one, or plan a CPU job (--set train.device=cpu)");
