@@ -1,6 +1,7 @@
 // [gpu][emulate] The stand-in collectives on device buffers (`mop emulate` on a GPU): rank 0 and
-// rank 3 of a 4-rank job (attention cp 2 × dp 2, experts ep 2 × dp 2), each emulated alone on the
-// one GPU, allocate what their plan says in every memory class but the backends' workspaces,
+// rank 3 of a 4-rank job (attention cp 2 × dp 2, experts ep 2 × dp 2; or two pipeline stages of
+// attention dp 2 and experts ep 2, whose ranks 0 and 3 are the first and the last stage's, their
+// messages stand-ins too), each emulated alone on the one GPU, allocate what their plan says in every memory class but the backends' workspaces,
 // issue the collectives the same ranks issue emulated on the CPU backend (the same calls of the
 // same groups at the same shapes: only the element type and which of a group's comms carries a
 // call may differ, and the device agrees on its workspaces once more), and train two steps whose
@@ -67,9 +68,11 @@ TEST_CASE("gpu emulate: a rank's stand-in collectives on the device allocate and
   spdlog::set_level(spdlog::level::warn);
   test::TempDir dir;
   const std::string corpus = test::prepare_corpus(dir, 40000);
+  const char* layouts[] = {"attention: {cp: 2, dp: 2}, moe: {ep: 2, dp: 2", "pp: 2, attention: {cp: 1, dp: 2}, moe: {ep: 2, dp: 1"};
+  for (const char* layout : layouts)
   for (const char* placement : {"gpu", "host"}) {
     for (const int rank : {0, 3}) {
-      INFO("state on " << placement << ", rank " << rank << " of 4");
+      INFO("state on " << placement << ", rank " << rank << " of 4, " << layout);
       auto yaml = [&](const char* device) {
         return test::compare_model_yaml(false, corpus) +
                "optim: {lr: 0.01, schedule: constant, warmup_steps: 0, state_placement: " +
@@ -78,9 +81,9 @@ TEST_CASE("gpu emulate: a rank's stand-in collectives on the device allocate and
                "train: {steps: 2, global_batch_size: 4, micro_batch_size: 1, eval_interval: 0, "
                "device: " +
                device +
-               "}\nparallel: {attention: {cp: 2, dp: 2}, moe: {ep: 2, dp: 2, exchange_budget: 0}}\n"
+               "}\nparallel: {" + layout + ", exchange_budget: 0}}\n"
                "checkpoint: {dir: " +
-               dir / (std::string(device) + placement + std::to_string(rank)) +
+               dir / (std::string(device) + placement + std::to_string(rank) + (layout == layouts[1] ? "pp" : "")) +
                ", interval: 0, keep_last: 0, save_final: false}\n";
       };
       const Emulated gpu = emulate(yaml("cuda"), rank, 4), cpu = emulate(yaml("cpu"), rank, 4);

@@ -3,7 +3,9 @@
 // checkpoint with the same bytes in every tensor (weights, master weights, Adam moments), with
 // every stage's rank writing its own parameters; 1F1B with pp 2 and 4, several micro-batches,
 // beside data and expert parallelism inside a stage, sliced parameters and the state in host
-// memory; interleaved with two chunks a rank, alone, beside data and expert parallelism, and sliced. A run saved with stages resumes without them
+// memory; interleaved with two chunks a rank, alone, beside data and expert parallelism, and sliced;
+// beside sequence shards (cp 2: Ulysses under 1F1B, ring interleaved); one micro-batch. A run saved
+// with stages resumes without them
 // and the reverse, to the same bytes. The global norm is exact, so stages that each
 // hold a part of the gradients give the bits of the whole.
 #include <filesystem>
@@ -31,7 +33,9 @@ struct Layout {
   int pp = 1, dp = 1, ep = 1, edp = 1, micro_batches = 4;
   std::string shard = "owner", state = "auto";
   int chunks = 1;  // > 1: interleaved, virtual stages per rank
-  int ranks() const { return pp * dp; }
+  int cp = 1;      // attention's sequence shards (cp × dp ranks a stage, = ep × edp)
+  std::string cp_impl = "ulysses";
+  int ranks() const { return pp * cp * dp; }
 };
 
 std::string config(const std::string& corpus, const std::string& dir, const Layout& l, int steps = kSteps) {
@@ -46,7 +50,7 @@ std::string config(const std::string& corpus, const std::string& dir, const Layo
          "parallel: {pp: " + std::to_string(l.pp) +
          (l.chunks > 1 ? ", pipeline: {schedule: interleaved, virtual_stages: " + std::to_string(l.chunks) + "}"
                        : std::string()) +
-         ", shard: " + l.shard + ", attention: {cp: 1, dp: " +
+         ", shard: " + l.shard + ", attention: {cp: " + std::to_string(l.cp) + ", impl: " + l.cp_impl + ", dp: " +
          std::to_string(l.dp) + "}, moe: {ep: " + std::to_string(l.ep) + ", dp: " + std::to_string(l.edp) + "}}\n"
          "checkpoint: {dir: " + dir + ", interval: 0, keep_last: 0, resume: auto}\n"
          "log: {interval: 1, router_histogram: " + dir + "/router.json}\n";
@@ -100,10 +104,15 @@ TEST_CASE("pipeline stages train as the same model without them, bit for bit", "
       {{1, 1, 1, 1, 4}, {2, 1, 1, 1, 4, "owner", "auto", 2}},
       {{1, 2, 2, 1, 2}, {2, 2, 2, 1, 2, "owner", "auto", 2}},
       {{1, 2, 1, 2, 4, "slice"}, {2, 2, 1, 2, 4, "slice", "auto", 2}},
+      // Sequence shards inside each stage (cp 2 × ep 2): Ulysses under 1F1B, ring interleaved.
+      {{1, 1, 2, 1, 2, "owner", "auto", 1, 2}, {2, 1, 2, 1, 2, "owner", "auto", 1, 2}},
+      {{1, 1, 2, 1, 4, "owner", "auto", 1, 2, "ring"}, {2, 1, 2, 1, 4, "owner", "auto", 2, 2, "ring"}},
+      {{1, 1, 1, 1, 1}, {2, 1, 1, 1, 1}},  // one micro-batch: no pass overlaps another
   };
   int i = 0;
   for (const Case& c : cases) {
-    INFO("pp " << c.piped.pp << " dp " << c.piped.dp << " ep " << c.piped.ep << " micro-batches "
+    INFO("pp " << c.piped.pp << " cp " << c.piped.cp << " " << c.piped.cp_impl << " dp " << c.piped.dp << " ep "
+               << c.piped.ep << " micro-batches "
                << c.piped.micro_batches << " " << c.piped.shard << " state " << c.piped.state << " chunks "
                << c.piped.chunks);
     const std::string root = dir / ("run" + std::to_string(i++));
