@@ -508,7 +508,9 @@ int cmd_calibrate(const CalibrateArgs& args, World& world) {
   const Device dev = gpu ? Device::CUDA : Device::CPU;
   const bool root = world.is_root();
   if (gpu) select_gpu(world.local_rank % gpu_count());
-  Machine m = builtin_machine(gpu ? "h200" : "cpu");
+  // What this machine's measurements do not cover (the collectives without mpirun, the network)
+  // comes from the built-in description of its GPU.
+  Machine m = builtin_machine(gpu ? builtin_for_gpu(gpu_name(), nullptr) : "cpu");
   const double t0 = now();
   std::unique_ptr<Ops> ops = make_ops(dev, world.local_rank);
   Bench bench(*ops);

@@ -57,11 +57,17 @@ bool layout_makes(const Config& cfg, int world) {
 
 // The machine the plan describes: --machine FILE; else, on a machine without a GPU where the
 // config lets the device follow the machine (train.device: auto) and no GPUs are asked for, the
-// CPU backend, as `mop train` runs here; else the built-in h200 (cpu for train.device: cpu).
+// CPU backend, as `mop train` runs here; else the built-in description of this machine's GPU, or
+// the built-in h200 on a machine without one (cpu for train.device: cpu).
 // --nodes changes its shape.
 Machine planning_machine(const Config& cfg, const std::string& file, int nodes, bool cpu_here) {
-  Machine m = !file.empty() ? load_machine(file)
-                            : builtin_machine(cfg.train.device == "cpu" || cpu_here ? "cpu" : "h200");
+  // GPUs here: the built-in description of this machine's (its report says which, and why).
+  std::string note;
+  const std::string gpu = cfg.train.device == "cpu" || cpu_here ? "cpu"
+                          : gpu_count() > 0                     ? builtin_for_gpu(gpu_name(), &note)
+                                                                : "h200";
+  Machine m = !file.empty() ? load_machine(file) : builtin_machine(gpu);
+  if (!note.empty()) m.origin += " (" + note + ")";
   if (nodes > 0) m.nodes = nodes;
   return m;
 }

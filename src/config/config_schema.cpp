@@ -155,7 +155,7 @@ std::vector<FieldSpec> config_schema(Config& c) {
   s.i("train.profile_step", t.profile_step, 0, kMaxCount, "Write a Chrome trace (chrome://tracing, Perfetto) of this step's GPU ops, host optimizer threads and waits to <checkpoint.dir>/trace_step_N.json; 0: none. Also --profile-step N.");
   s.i("train.exit_interval", t.exit_interval, 0, kMaxCount, "Checkpoint and exit after steps that are multiples of N (work in chunks of a job queue's time limit); 0: never.");
   s.s("train.plan", t.plan, {"config", "auto"}, "config: run the foldings, recompute, micro-batch size and state placement this config gives (defaults where it gives none); auto: take the plan `mop plan --search` ranks first for this machine and world size — only the keys the config does not set (parallel.attention.cp/dp/impl, parallel.moe.ep/dp/chunks, parallel.zero, train.micro_batch_size, train.recompute, optim.state_placement) are chosen.");
-  s.s("train.machine", t.machine, {}, "Machine file (YAML, `mop calibrate` writes one) whose rates and limits the plan uses; empty: the built-in description of the device in use (h200 or cpu) with the memory this machine reports. Also --machine FILE.");
+  s.s("train.machine", t.machine, {}, "Machine file (YAML, `mop calibrate` writes one) whose rates and limits the plan uses; empty: the built-in description of the device in use (h100 or h200 by the GPU's name, another GPU's with a warning naming the stand-in; cpu for the CPU backend) with the memory this machine reports. Also --machine FILE.");
 
   auto& k = c.checkpoint;
   s.s("checkpoint.dir", k.dir, {}, "Directory of step_N/ checkpoints and the `latest` pointer.");

@@ -150,6 +150,9 @@ RateTable tab(std::initializer_list<std::pair<double, double>> pts, double unit)
 Machine h200() {
   Machine m;
   m.name = "h200";
+  m.base = "h200";
+  m.origin = "built-in h200: one H200's rates as mop calibrate measured them (2026-12-01/04), the node's "
+             "collectives from published nccl-tests figures, a DGX-class host";
   m.gpus_per_node = 8;
   m.nodes = 1;
   DeviceSpec& d = m.device;
@@ -194,11 +197,52 @@ Machine h200() {
   return m;
 }
 
+// One node of 8 H100 SXM 80 GB (HBM3, NVLink 4, one NDR 400 Gb/s NIC per GPU), a host like the
+// h200 node's. The device and PCIe figures are what `mop calibrate` measured on one "NVIDIA H100
+// 80GB HBM3" on 2026-12-08 (configs/machines/h100-1gpu.yaml, where that machine's own 16-core host
+// is too); the same Tensor Core peak as the H200 with two thirds of its memory bandwidth. The
+// collectives, the network and the host are the h200 node's (the same NVLink 4 and NICs; the
+// host's AdamW rates by share_builtin_host). Not measured yet: the in-step factors
+// (`mop calibrate --step`), which are 1 here.
+Machine h100() {
+  Machine m = h200();
+  m.name = "h100";
+  m.base = "h100";
+  m.origin = "built-in h100: one H100 80GB HBM3's rates as mop calibrate measured them (2026-12-08), the "
+             "node's collectives and host as the h200 node's";
+  DeviceSpec& d = m.device;
+  d.name = "NVIDIA H100 80GB HBM3";
+  d.memory_bytes = 78.66 * kGiB;
+  d.peak_flops = 989e12;
+  d.gemm_fwd = tab({{2.68435e+08, 32}, {2.14748e+09, 255}, {1.71799e+10, 635}, {1.37439e+11, 682}, {1.09951e+12, 721}}, 1e12);
+  d.gemm_dgrad = tab({{2.68435e+08, 32}, {2.14748e+09, 251}, {1.71799e+10, 619}, {1.37439e+11, 667}, {1.09951e+12, 725}}, 1e12);
+  d.gemm_wgrad = tab({{2.68435e+08, 32}, {2.14748e+09, 235}, {1.71799e+10, 577}, {1.37439e+11, 614}, {1.09951e+12, 579}}, 1e12);
+  d.grouped_fwd = tab({{64, 143}, {128, 265}, {256, 396}, {512, 469}, {1024, 564}, {2048, 573}}, 1e12);
+  d.grouped_dgrad = tab({{64, 145}, {128, 270}, {256, 396}, {512, 478}, {1024, 550}, {2048, 577}}, 1e12);
+  d.grouped_wgrad = tab({{64, 41}, {128, 75}, {256, 127}, {512, 230}, {1024, 282}, {2048, 320}}, 1e12);
+  d.grouped_experts = tab({{4, 0.925}, {8, 1.026}, {16, 1.076}, {32, 1.106}, {64, 1.071}, {128, 1}}, 1);
+  d.attention_fwd = tab({{1024, 280}, {4096, 488}, {16384, 618}, {65536, 637}, {131072, 590}}, 1e12);
+  d.attention_bwd = tab({{1024, 179}, {4096, 404}, {16384, 538}, {65536, 550}, {131072, 543}}, 1e12);
+  d.attention_block_fwd = tab({{1024, 522}, {4096, 627}, {16384, 644}, {32768, 644}, {65536, 590}, {131072, 619}}, 1e12);
+  d.attention_block_bwd = tab({{1024, 341}, {4096, 501}, {16384, 560}, {32768, 569}, {65536, 564}, {131072, 558}}, 1e12);
+  d.lm_head_fwd = tab({{1024, 516}, {4096, 552}}, 1e12);
+  d.lm_head_bwd = tab({{1024, 490}, {4096, 567}}, 1e12);
+  d.copy_bw = 2.99e12, d.norm_bw = 2.23e12, d.rope_bw = 2.87e12, d.swiglu_bw = 2.99e12;
+  d.permute_bw = 3.24e12, d.router_bw = 0.763e12, d.embedding_bw = 1.15e12;
+  d.adamw_bw = 2.92e12, d.reduce_bw = 2.21e12;
+  d.launch_seconds = 5.2e-6;
+  d.sync_seconds = 9.5e-6;
+  m.link.h2d = 55.4e9, m.link.d2h = 55.3e9, m.link.both = 97.2e9;
+  return m;
+}
+
 // The CPU backend (fp32, OpenMP) on this project's 2-core development VM, as `mop calibrate`
 // measured it there.
 Machine cpu() {
   Machine m;
   m.name = "cpu";
+  m.base = "cpu";
+  m.origin = "built-in cpu: the CPU backend on a 2-core development VM, as mop calibrate measured it";
   m.gpus_per_node = 1;
   m.nodes = 1;
   DeviceSpec& d = m.device;
@@ -274,8 +318,27 @@ void share_builtin_host(Machine& m, int cores, int ranks_per_node) {
 
 Machine builtin_machine(const std::string& name) {
   if (name == "h200") return h200();
+  if (name == "h100") return h100();
   if (name == "cpu") return cpu();
-  throw_user_error("machine '", name, "' is not built in (h200 or cpu); give a machine file");
+  throw_user_error("machine '", name, "' is not built in (h100, h200 or cpu); give a machine file");
+}
+
+std::string builtin_for_gpu(const std::string& gpu_name, std::string* note) {
+  const auto has = [&](const char* part) { return gpu_name.find(part) != std::string::npos; };
+  std::string why;
+  std::string base = "h200";
+  if (has("H200")) {
+    base = "h200";
+  } else if (has("H100")) {
+    base = "h100";
+    if (!has("HBM3") && !has("SXM"))
+      why = "the GPU is an " + gpu_name + ": the built-in h100 (SXM 80 GB, HBM3) describes it";
+  } else {
+    why = "no built-in description of the GPU '" + gpu_name + "': the h200's rates stand in";
+  }
+  if (!why.empty()) why += "; measure this machine with `mop calibrate --out FILE` and give it as train.machine or --machine";
+  if (note) *note = why;
+  return base;
 }
 
 Machine parse_machine(const std::string& text, const std::string& origin) {
@@ -288,10 +351,11 @@ Machine parse_machine(const std::string& text, const std::string& origin) {
   MOP_USER_CHECK(root.IsMap(), origin, ": a machine file is a mapping (name:, device:, host:, link:)");
   std::string base = "h200";
   if (root["base"]) {
-    MOP_USER_CHECK(root["base"].IsScalar(), origin, ": base: expected h200 or cpu");
+    MOP_USER_CHECK(root["base"].IsScalar(), origin, ": base: expected h100, h200 or cpu");
     base = root["base"].Scalar();
   }
   Machine m = builtin_machine(base);
+  m.origin = "machine file " + origin + " (what it leaves out: the built-in " + base + "'s)";
   std::set<std::string> seen;
   auto located = [&](const YAML::Node& n, const std::string& path) {
     return origin + (n.Mark().line >= 0 ? ":" + std::to_string(n.Mark().line + 1) : "") + ": " + path;
@@ -370,7 +434,7 @@ std::string machine_yaml(const Machine& m0) {
   Machine m = m0;
   std::ostringstream os;
   os << "# mop machine description (mop calibrate, or by hand; see docs/plan.md).\n";
-  os << "base: " << (m.device.kind == Device::CPU ? "cpu" : "h200") << "\n";
+  os << "base: " << (m.device.kind == Device::CPU ? "cpu" : m.base == "h100" ? "h100" : "h200") << "\n";
   std::string section;
   for (const Field& f : fields()) {
     std::string path = f.path, key = path;

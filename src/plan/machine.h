@@ -83,6 +83,8 @@ struct LinkSpec {
 
 struct Machine {
   std::string name;
+  std::string base;    // the built-in description it starts from: h100, h200 or cpu
+  std::string origin;  // where its rates come from, for the plan's report
   int gpus_per_node = 1;  // ranks per node (device kind cpu: processes per node)
   int nodes = 1;
   DeviceSpec device;
@@ -92,9 +94,16 @@ struct Machine {
   int ranks() const { return gpus_per_node * nodes; }
 };
 
-// Built-in descriptions: "h200" (one node of 8 H200s, from measurements on the H200 machine) and
-// "cpu" (the CPU backend on a small development VM). Other names are a UserError.
+// Built-in descriptions: "h200" (one node of 8 H200s, from measurements on the H200 machine),
+// "h100" (one node of 8 H100 SXM 80 GB, its device rates measured on an H100) and "cpu" (the CPU
+// backend on a small development VM). Other names are a UserError.
 Machine builtin_machine(const std::string& name);
+
+// The built-in description of a GPU by its product name (as the CUDA runtime reports it): h100 for
+// an H100, h200 for an H200, else h200 standing in. `note` (may be null) is set, for the log, where
+// the description is not that card's own: another H100 variant than the SXM 80 GB one, or an
+// unknown GPU (and how to measure it).
+std::string builtin_for_gpu(const std::string& gpu_name, std::string* note);
 // The built-in h200 node's host as `ranks_per_node` ranks on `cores` of its cores see it (each
 // rank's AdamW rates by its cores and its share of the node's memory bandwidth): what a plan on
 // this machine, or on a node with fewer ranks than eight, describes. Other machines' rates are

@@ -140,6 +140,7 @@ std::string plan_text(const Plan& p) {
   o += "plan: " + std::to_string(p.world) + " rank(s) on " + m.name + " (" + m.device.name + ", " +
        gib(m.device.memory_bytes) + " per rank; host " + gib(m.host.memory_bytes) + " per node, " +
        std::to_string(m.gpus_per_node) + " rank(s) per node, " + std::to_string(m.nodes) + " node(s))\n";
+  if (!m.origin.empty()) o += "  machine description: " + m.origin + "\n";
   for (const std::string& n : p.notes) o += "  " + n + "\n";
   o += "  batch: " + std::to_string(p.cfg.train.global_batch_size) + " sequences × " +
        std::to_string(p.cfg.data.seq_len) + " tokens per step; " + std::to_string(p.micro_batches) +

@@ -67,7 +67,14 @@ Machine run_machine(const Config& cfg, World& world) {
   MOP_USER_CHECK(cfg.train.device != "cuda" || cuda_built(),
                  "train.device: cuda, but this mop was built without CUDA (MOP_CUDA=OFF)");
   MOP_USER_CHECK(cfg.train.device != "cuda" || gpu, "train.device: cuda, but no CUDA device is available");
-  Machine m = cfg.train.machine.empty() ? builtin_machine(gpu ? "h200" : "cpu") : load_machine(cfg.train.machine);
+  // Without train.machine, the built-in description of this machine's GPU (or of the CPU backend).
+  std::string note;
+  Machine m = !cfg.train.machine.empty() ? load_machine(cfg.train.machine)
+                                         : builtin_machine(gpu ? builtin_for_gpu(gpu_name(), &note) : "cpu");
+  if (!note.empty()) {
+    m.origin += " (" + note + ")";
+    if (world.is_root()) spdlog::warn("{}", note);
+  }
   if (!gpu) m.device.kind = Device::CPU;
   // This machine's memory, the least any rank finds (so every rank makes the same plan).
   const MemoryInfo host = memory_info(Device::CPU);

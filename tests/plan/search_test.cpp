@@ -151,10 +151,13 @@ TEST_CASE("plan: auto placement keeps state on the device while it fits, in forw
 }
 
 TEST_CASE("machine file: written and read back unchanged; bad files refused", "[cpu][plan]") {
-  for (const char* name : {"h200", "cpu"}) {
+  for (const char* name : {"h200", "h100", "cpu"}) {
     const Machine a = builtin_machine(name);
     const Machine b = parse_machine(machine_yaml(a), "m.yaml");
     CHECK(machine_yaml(b) == machine_yaml(a));
+    CHECK(b.base == name);
+    CHECK(b.origin.find("machine file m.yaml") == 0);
+    CHECK(a.origin.find(std::string("built-in ") + name) == 0);
     CHECK(b.device.kind == a.device.kind);
     CHECK(b.device.gemm_fwd.points.size() == a.device.gemm_fwd.points.size());
   }
@@ -181,6 +184,37 @@ TEST_CASE("machine file: written and read back unchanged; bad files refused", "[
   refused("nodes: 0\n", "nodes: expected a positive integer");
   refused("[1, 2]\n", "a machine file is a mapping");
   refused("device: {memory_gib: 0}\n", "device.memory_gib must be positive");
+}
+
+TEST_CASE("machine: a GPU's built-in description by its name; another card's rates never silently", "[cpu][plan]") {
+  std::string note;
+  CHECK(builtin_for_gpu("NVIDIA H100 80GB HBM3", &note) == "h100");
+  CHECK(note.empty());
+  CHECK(builtin_for_gpu("NVIDIA H200", &note) == "h200");
+  CHECK(note.empty());
+  // Another H100 than the SXM 80 GB: the h100 description, said so.
+  CHECK(builtin_for_gpu("NVIDIA H100 PCIe", &note) == "h100");
+  CHECK(note.find("NVIDIA H100 PCIe") != std::string::npos);
+  CHECK(note.find("mop calibrate") != std::string::npos);
+  // An unknown GPU: the h200 stands in, and the note says so and how to measure it.
+  CHECK(builtin_for_gpu("NVIDIA A100-SXM4-80GB", &note) == "h200");
+  CHECK(note.find("no built-in description of the GPU 'NVIDIA A100-SXM4-80GB'") != std::string::npos);
+  CHECK(note.find("mop calibrate") != std::string::npos);
+  CHECK(builtin_for_gpu("NVIDIA H100 80GB HBM3", nullptr) == "h100");
+  // The H100's own rates: the same Tensor Core peak, less memory and bandwidth than the H200's.
+  const Machine h100 = builtin_machine("h100"), h200 = builtin_machine("h200");
+  CHECK(h100.device.name == "NVIDIA H100 80GB HBM3");
+  CHECK(h100.device.peak_flops == h200.device.peak_flops);
+  CHECK(h100.device.memory_bytes < 80 * kGiB);
+  CHECK(h100.device.copy_bw < h200.device.copy_bw);
+  CHECK(h100.gpus_per_node == 8);
+  // The checked-in machine files of the H100 load, on their base.
+  for (const char* f : {"h100-1gpu", "h100-1-node", "h100-12-nodes"}) {
+    INFO(f);
+    const Machine m = load_machine(std::string(MOP_SOURCE_DIR) + "/configs/machines/" + f + ".yaml");
+    CHECK(m.base == "h100");
+    CHECK(m.device.name == "NVIDIA H100 80GB HBM3");
+  }
 }
 
 TEST_CASE("machine: rate tables interpolate in log(size) and hold past the ends", "[cpu][plan]") {
