@@ -131,6 +131,25 @@ TEST_CASE("mop emulate refuses a job that does not fit before it allocates anyth
     INFO(e.what());
     CHECK(std::string(e.what()).find("memory") != std::string::npos);
   }
+  // A pipeline keeps its stages and chunks: fewer layers than its virtual stages need are refused.
+  test::write_text(dir / "piped.yaml",
+                   "model: {vocab_size: 64, hidden_size: 16, num_layers: 4, num_heads: 2, num_kv_heads: 1, head_dim: 8}\n"
+                   "moe: {num_experts: 4, top_k: 2, expert_ffn: 8}\n"
+                   "data: {paths: [none], seq_len: 16, eos_id: 0}\ntrain: {device: cpu, global_batch_size: 4, micro_batch_size: 1}\n"
+                   "parallel: {pp: 2, pipeline: {schedule: interleaved, virtual_stages: 2}, attention: {cp: 1, dp: 1}, "
+                   "moe: {ep: 1, dp: 1}}\n");
+  a = EmulateArgs();
+  a.config = dir / "piped.yaml";
+  a.gpus = 2;
+  a.layers = 1;
+  try {
+    cmd_emulate(a);
+    FAIL("a pipeline of 4 virtual stages was emulated with one layer");
+  } catch (const UserError& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("--layers 1: the pipeline's 2 stages × 2 chunks need at least 2 layers") !=
+          std::string::npos);
+  }
   a.config = dir / "missing.yaml";
   CHECK_THROWS_AS(cmd_emulate(a), UserError);
 }
