@@ -287,6 +287,7 @@ void Trainer::build() {
   spdlog::info("plan: predicted step {:.0f} ms ({} tokens/s, MFU {:.1f}%) on {}: {}{}", 1e3 * t.step,
                grouped(t.tokens_per_second(plan_)), 100 * t.mfu(plan_), plan_.machine.name,
                predicted_split(t.seconds), t.host_exposed > 0 ? fmt::format(" | host wait {:.0f} ms", 1e3 * t.host_exposed) : "");
+  if (!plan_.machine.origin.empty()) spdlog::info("plan: machine description: {}", plan_.machine.origin);
   if (!cfg_.log.router_histogram.empty() && world_.is_root()) {
     // A path that cannot be written fails now, not after the run.
     const std::filesystem::path hist = cfg_.log.router_histogram;
