@@ -510,7 +510,12 @@ int cmd_calibrate(const CalibrateArgs& args, World& world) {
   if (gpu) select_gpu(world.local_rank % gpu_count());
   // What this machine's measurements do not cover (the collectives without mpirun, the network)
   // comes from the built-in description of its GPU.
-  Machine m = builtin_machine(gpu ? builtin_for_gpu(gpu_name(), nullptr) : "cpu");
+  std::string note;
+  Machine m = builtin_machine(gpu ? builtin_for_gpu(gpu_name(), &note) : "cpu");
+  if (!note.empty())
+    say(root, "what this does not measure (collectives without mpirun, the network) comes from the built-in " +
+                  m.base + ", which is not this GPU's own description");
+  m.origin = "measured here by mop calibrate (what it does not measure: the built-in " + m.base + "'s)";
   const double t0 = now();
   std::unique_ptr<Ops> ops = make_ops(dev, world.local_rank);
   Bench bench(*ops);

@@ -45,8 +45,9 @@ int cmd_plan(const PlanArgs& args);
 
 // The machine and world size `mop plan`, `validate` and `emulate` plan for (plan_commands.cpp).
 // The machine: --machine FILE; else on a machine without a GPU, for train.device: auto and no
-// --gpus/--nodes, the CPU backend (what `mop train` runs here); else the built-in h200 (cpu for
-// train.device: cpu; this machine's GPUs where it has some). The ranks: --gpus in all (spread
+// --gpus/--nodes, the CPU backend (what `mop train` runs here); else the built-in description of
+// this machine's GPUs (by name, builtin_for_gpu), or the h200 on a machine without one (cpu for
+// train.device: cpu). The ranks: --gpus in all (spread
 // over --nodes); else --nodes whole nodes, the whole machine when `whole_machine`, or a machine
 // file's every GPU where the config gives no foldings; else the config's foldings. `notes` say
 // which machine or ranks where the user did not name them, and why.

@@ -110,10 +110,11 @@ Measured run_rank(const Config& cfg, const Machine& machine, int world, int rank
   Measured m;
   m.rank = rank;
   m.plan = trainer.plan();
-  // Pipeline stages: the prediction for this rank's stage (the plan's step is the slowest's). Its
+  // Pipeline stages: the prediction for this rank's stage, at its position (the plan's step is the
+  // slowest stage's). Its
   // wait for the other stages is in communication, which the report takes from the plan: the
   // stand-ins' messages arrive at once.
-  if (m.plan.pp > 1) m.plan.time = predict_step_time(m.plan, m.plan.stage_of(rank));
+  if (m.plan.pp > 1) m.plan.time = predict_step_time(m.plan, rank);
   m.allocated = trainer.allocated_memory();
   const Device dev = trainer.plan().run.device;
   for (int s = 1; s <= steps; ++s) {
@@ -341,7 +342,8 @@ int cmd_emulate(const EmulateArgs& args) {
   if (args.routing != "balanced" && eplan.ep > 1) {
     const int64_t tokens = int64_t(ecfg.train.micro_batch_size) * eplan.local_seq;
     const int q = RoutingModel::most_loaded(routing, eplan.ep, tokens);
-    MeshCoord at;
+    MeshCoord at;  // in the rank's pipeline stage
+    at[Axis::Pp] = mesh.coord(args.rank)[Axis::Pp];
     at[Axis::Ep] = q;
     loaded = mesh.rank_of(at, Axis::Ep);
     if (loaded != args.rank) ranks.push_back(loaded);
@@ -367,6 +369,8 @@ int cmd_emulate(const EmulateArgs& args) {
   }
 
   const MeshCoord at = mesh.coord(args.rank);
+  // The whole model's prediction for this rank (pipeline stages: its own stage's, as its rows).
+  const StepTime full_time = full.pp > 1 && layers < cfg.model.num_layers ? predict_step_time(full, args.rank) : full.time;
   if (args.json) {
     Json j = Json::object();
     j["machine"] = machine.name;
@@ -393,8 +397,8 @@ int cmd_emulate(const EmulateArgs& args) {
       Json f = Json::object();
       f["device_gib"] = gib(double(full.memory_of_rank(args.rank).device_total()));
       f["host_gib"] = gib(double(full.memory_of_rank(args.rank).host_total()));
-      f["step_ms"] = 1e3 * full.time.step;
-      f["tokens_per_s_per_gpu"] = full.time.tokens_per_second(full) / world;
+      f["step_ms"] = 1e3 * full_time.step;
+      f["tokens_per_s_per_gpu"] = full_time.tokens_per_second(full) / world;
       j["plan_full_depth"] = std::move(f);
     }
     std::printf("%s\n", j.dump(2).c_str());
@@ -426,7 +430,7 @@ int cmd_emulate(const EmulateArgs& args) {
                 "%s tokens/s per GPU. Memory and the categories attention, dense GEMMs, experts, router/permute, "
                 "optimizer and communication scale with the layers; LM head+loss and other do not.\n",
                 (long long)cfg.model.num_layers, args.rank, gib(double(f.device_total())), gib(double(f.host_total())),
-                1e3 * full.time.step, grouped(full.time.tokens_per_second(full) / world).c_str());
+                1e3 * full_time.step, grouped(full_time.tokens_per_second(full) / world).c_str());
   }
   return 0;
 }

@@ -20,7 +20,7 @@ namespace mop {
 struct EmulateArgs {
   std::string config;
   std::vector<std::string> overrides;
-  std::string machine;  // machine file; empty: built-in h200 (cpu for train.device: cpu)
+  std::string machine;  // machine file; empty: as `mop plan` (this machine's GPUs' built-in, else h200)
   int gpus = 0, nodes = 0;  // as `mop plan`
   int rank = 0;
   std::string routing = "balanced";  // balanced | zipf:S | a router histogram file

@@ -62,11 +62,16 @@ bool layout_makes(const Config& cfg, int world) {
 // --nodes changes its shape.
 Machine planning_machine(const Config& cfg, const std::string& file, int nodes, bool cpu_here) {
   // GPUs here: the built-in description of this machine's (its report says which, and why).
+  if (!file.empty()) {
+    Machine m = load_machine(file);
+    if (nodes > 0) m.nodes = nodes;
+    return m;
+  }
   std::string note;
   const std::string gpu = cfg.train.device == "cpu" || cpu_here ? "cpu"
                           : gpu_count() > 0                     ? builtin_for_gpu(gpu_name(), &note)
                                                                 : "h200";
-  Machine m = !file.empty() ? load_machine(file) : builtin_machine(gpu);
+  Machine m = builtin_machine(gpu);
   if (!note.empty()) m.origin += " (" + note + ")";
   if (nodes > 0) m.nodes = nodes;
   return m;
@@ -114,7 +119,7 @@ PlanTarget plan_target(const Config& cfg, const std::string& machine_file, int g
     // Not told otherwise, on a machine with GPUs: this machine — its GPUs, its host's memory and
     // cores — with the config's foldings.
     const int world = config_world(cfg);
-    machine.name = "h200 (this machine)";
+    machine.name = machine.base + " (this machine)";
     machine.gpus_per_node = std::min(world, gpu_count());
     machine.nodes = (world + machine.gpus_per_node - 1) / machine.gpus_per_node;
     machine.host.memory_bytes = double(memory_info(Device::CPU).total);

@@ -327,9 +327,11 @@ std::string builtin_for_gpu(const std::string& gpu_name, std::string* note) {
   const auto has = [&](const char* part) { return gpu_name.find(part) != std::string::npos; };
   std::string why;
   std::string base = "h200";
-  if (has("H200")) {
+  if (has("H200") && !has("GH200")) {
     base = "h200";
-  } else if (has("H100")) {
+    if (has("NVL") || has("PCIe"))
+      why = "the GPU is an " + gpu_name + ": the built-in h200 (SXM 141 GB) describes it";
+  } else if (has("H100") && !has("GH100")) {
     base = "h100";
     if (!has("HBM3") && !has("SXM"))
       why = "the GPU is an " + gpu_name + ": the built-in h100 (SXM 80 GB, HBM3) describes it";

@@ -761,17 +761,18 @@ std::vector<double> segment_seconds(const Plan& plan) {
   return t;
 }
 
-StepTime predict_step_time(const Plan& plan, int stage) {
-  MOP_CHECK(stage < plan.pp, "pipeline stage ", stage, " of ", plan.pp);
+StepTime predict_step_time(const Plan& plan, int rank) {
+  MOP_CHECK(rank < plan.world, "rank ", rank, " of ", plan.world);
   if (plan.pp == 1) return Model(plan, plan.memory_rank).run();
-  // Pipeline stages: one rank of each (the memory rank's position in its stage), walked together;
-  // the step is the slowest stage's, reported with that stage's split.
+  // Pipeline stages: one rank of each (the memory rank's position in its stage, or `rank`'s), walked
+  // together; the step is the slowest stage's (or rank's stage's), reported with that stage's split.
+  const int position = (rank >= 0 ? rank : plan.memory_rank) % plan.stage_size();
+  const int stage = rank >= 0 ? plan.stage_of(rank) : -1;
   std::vector<std::unique_ptr<Model>> models;
   std::vector<StepProgram> programs;
   std::vector<WalkCosts> costs(size_t(plan.pp));
   for (int k = 0; k < plan.pp; ++k) {
-    const int rank = k * plan.stage_size() + plan.memory_rank % plan.stage_size();
-    models.push_back(std::make_unique<Model>(plan, rank));
+    models.push_back(std::make_unique<Model>(plan, k * plan.stage_size() + position));
     programs.push_back(models.back()->price(costs[size_t(k)]));
   }
   const std::vector<WalkResult> walked = walk_pipeline(programs, costs);

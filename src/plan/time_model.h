@@ -67,9 +67,10 @@ struct StepTime {
   double mfu(const Plan& plan) const;
 };
 
-// Pipeline stages: the slowest stage's step (stage < 0), or stage `stage`'s (its own split, its
+// Pipeline stages: the slowest stage's step (rank < 0: priced at the memory rank's position in each
+// stage), or the step of rank `rank`'s stage priced at that rank's position (its own split, its
 // wait for the others in communication).
-StepTime predict_step_time(const Plan& plan, int stage = -1);
+StepTime predict_step_time(const Plan& plan, int rank = -1);
 // Seconds of one micro-batch's forward and backward through each segment (model/params.h) on a
 // rank of the plan: what the pipeline's stages are balanced by.
 std::vector<double> segment_seconds(const Plan& plan);

@@ -36,7 +36,7 @@ namespace mop {
 TokenLoaderOptions make_loader_options(const Config& cfg);
 
 // The machine a run plans for: train.machine's file, or the built-in description of the device it
-// runs on (h200 with a GPU, else cpu) — either way with the device memory this process finds free
+// runs on (with a GPU, its kind's by name: builtin_for_gpu; else cpu) — either way with the device memory this process finds free
 // at start (the least over the ranks, so every rank makes the same plan), this host's memory, and
 // the world's ranks per node.
 Machine run_machine(const Config& cfg, World& world);

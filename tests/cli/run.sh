@@ -215,6 +215,10 @@ expect 0 "wrote machine.yaml" -- calibrate --device cpu --out machine.yaml
 E="--config good.yaml --set train.device=cpu --set parallel.attention.dp=2 --set parallel.attention.cp=2 --set parallel.moe.ep=2 --set parallel.moe.dp=2 --gpus 4 --steps 2"
 expect 0 "composed" -- emulate $E --rank 3
 expect 0 "the most-loaded rank, 0" -- emulate $E --rank 1 --routing zipf:1.5
+# A pipeline stage's rank; under a skewed routing the most-loaded rank of the same stage.
+P="--config good.yaml --set train.device=cpu --set parallel.pp=2 --set parallel.attention.dp=2 --set parallel.moe.ep=2 --gpus 4 --steps 2"
+expect 0 "pipeline stage 1 of 2 (segments 2–3)" -- emulate $P --rank 3
+expect 0 "the most-loaded rank, 2" -- emulate $P --rank 3 --routing zipf:1.5
 "$mop" emulate $E --layers 1 --json > emulate.json 2> emulate.log
 python3 -c "
 import json, sys

@@ -201,6 +201,11 @@ TEST_CASE("machine: a GPU's built-in description by its name; another card's rat
   CHECK(note.find("no built-in description of the GPU 'NVIDIA A100-SXM4-80GB'") != std::string::npos);
   CHECK(note.find("mop calibrate") != std::string::npos);
   CHECK(builtin_for_gpu("NVIDIA H100 80GB HBM3", nullptr) == "h100");
+  // Grace Hopper is not an H200, and the H200's PCIe card not the SXM one: each said so.
+  CHECK(builtin_for_gpu("NVIDIA GH200 480GB", &note) == "h200");
+  CHECK(note.find("no built-in description of the GPU 'NVIDIA GH200 480GB'") != std::string::npos);
+  CHECK(builtin_for_gpu("NVIDIA H200 NVL", &note) == "h200");
+  CHECK(note.find("NVIDIA H200 NVL") != std::string::npos);
   // The H100's own rates: the same Tensor Core peak, less memory and bandwidth than the H200's.
   const Machine h100 = builtin_machine("h100"), h200 = builtin_machine("h200");
   CHECK(h100.device.name == "NVIDIA H100 80GB HBM3");
